@@ -1,0 +1,33 @@
+"""lola: LoLA attention (sliding window + sparse cache + linear state), composable and exact.
+
+Quick use::
+
+    import lola
+    cfg = lola.LoLAConfig(window=64, sparse_size=64, sinks=4, chunk=64, policy="sre")
+    attn = lola.compose(cfg, num_heads=8, head_dim=64)
+    o, state = attn(q, k, v)            # q: [B, T, H, D]; k, v: [B, T, H_kv, D]
+    o2, state = attn(q2, k2, v2, state=state)
+"""
+
+from lola import memory, policies, schedules
+from lola.composer import LoLAMemory
+from lola.config import LoLAConfig
+from lola.core import LinearPartial, MixingRule, SoftmaxPartial
+from lola.layer import LoLAAttention, compose, memory_from_config
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LinearPartial",
+    "LoLAAttention",
+    "LoLAConfig",
+    "LoLAMemory",
+    "MixingRule",
+    "SoftmaxPartial",
+    "__version__",
+    "compose",
+    "memory",
+    "memory_from_config",
+    "policies",
+    "schedules",
+]

@@ -1,0 +1,297 @@
+"""LoLAMemory: one layer's memories, its scoring policy and its schedule, composed.
+
+The life of a token (positions count real tokens of a row):
+
+1. It is written to the sinks (if its position is below ``sinks``) or to the window.
+2. If a schedule step falls on it, the step runs now: window tokens beyond the newest ``η``
+   and the current sparse cache are scored by the policy against the current linear state;
+   the top ``λ`` stay in the sparse cache, the rest are folded into ``H, s``.
+3. Its query reads every memory: softmax over sinks ∪ sparse ∪ window (causal by position)
+   and the linear state; the partials go back to the caller, which mixes them.
+
+A segment of ``T`` tokens is processed in blocks that end at schedule steps; within a block,
+all queries are read in parallel (no token enters ``H`` inside a block), and the query on
+which a step falls is read again after the step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
+from lola.memory.base import KVBlock, QueryBlock
+from lola.memory.linear_state import LinearState
+from lola.memory.sinks import SinkTokens
+from lola.memory.sparse import SparseCache
+from lola.memory.window import SlidingWindow
+from lola.policies.base import ScoringContext, ScoringPolicy
+from lola.schedules import UpdateSchedule
+
+__all__ = ["LoLAMemory"]
+
+FeatureFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+class LoLAMemory:
+    """The state of one LoLA layer: sinks + sliding window + sparse cache + linear state.
+
+    Build one from the parts (any subclass of the memories works) and pass it to
+    :class:`lola.LoLAAttention` as ``state``; or let the layer build it from its config.
+    Storage is allocated on the first call and never grows.
+
+    Args:
+        window: the sliding window; its ``max_pending`` must cover ``schedule.period``.
+        sparse: the sparse cache.
+        policy: scores candidates at each step (higher = keep exact).
+        schedule: when steps run.
+        sinks: pinned first tokens, or ``None``.
+        linear: the linear state (a fresh :class:`~lola.memory.LinearState` by default).
+        storage: ``"kv_head"`` or ``"query_head"``, see :class:`lola.LoLAConfig`.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: SlidingWindow,
+        sparse: SparseCache,
+        policy: ScoringPolicy,
+        schedule: UpdateSchedule,
+        sinks: SinkTokens | None = None,
+        linear: LinearState | None = None,
+        storage: str = "kv_head",
+    ) -> None:
+        if window.max_pending < schedule.period:
+            raise ValueError(
+                f"window.max_pending ({window.max_pending}) must be >= schedule.period ({schedule.period}): "
+                "tokens arriving between two steps wait in the window"
+            )
+        if storage not in ("kv_head", "query_head"):
+            raise ValueError(f"storage must be 'kv_head' or 'query_head', got {storage!r}")
+        self.sinks = sinks if sinks is not None else SinkTokens(0)
+        self.window = window
+        self.sparse = sparse
+        self.linear = linear if linear is not None else LinearState()
+        self.policy = policy
+        self.schedule = schedule
+        self.storage = storage
+        self.seen: torch.Tensor | None = None
+        self.num_heads = 0
+
+    # -- description -----------------------------------------------------------------------------
+    @property
+    def exact_memories(self) -> list:
+        """The softmax memories, in read order: sinks, sparse cache, window."""
+        return [self.sinks, self.sparse, self.window]
+
+    def spec(self) -> dict[str, object]:
+        """What a state must match to be used by a layer (capacities, policy, schedule, storage)."""
+        return {
+            "sinks": self.sinks.capacity,
+            "window": self.window.size,
+            "max_pending": self.window.max_pending,
+            "sparse": self.sparse.capacity,
+            "policy": repr(self.policy),
+            "schedule": repr(self.schedule),
+            "storage": self.storage,
+        }
+
+    @property
+    def allocated(self) -> bool:
+        return self.seen is not None
+
+    @property
+    def batch_size(self) -> int:
+        """Rows the storage was allocated for (0 before the first call)."""
+        return 0 if self.seen is None else self.seen.shape[0]
+
+    def nbytes(self) -> int:
+        """Bytes held by all memories of this layer (constant once allocated)."""
+        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+
+    # -- allocation and persistence ------------------------------------------------------------
+    def allocate(self, batch: int, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Allocate empty storage: exact memories ``[batch, storage_heads, ·, head_dim]`` in ``dtype``,
+        the linear state ``[batch, num_heads, feature_dim, head_dim]`` in float32."""
+        track = bool(getattr(self.policy, "needs_attention", False))
+        for m in self.exact_memories:
+            m.allocate(batch, storage_heads, head_dim, dtype, device, track)
+        self.linear.allocate(batch, num_heads, feature_dim, head_dim, device)
+        self.seen = torch.zeros(batch, dtype=torch.long, device=device)
+        self.num_heads = num_heads
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat ``{"seen", "sinks.k", …, "linear.H", "linear.s"}`` tensors (safetensors-ready)."""
+        if self.seen is None:
+            return {}
+        out = {"seen": self.seen}
+        for m in [*self.exact_memories, self.linear]:
+            out.update({f"{m.name}.{k}": t for k, t in m.state_dict().items()})
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`state_dict` saved (copies; bit-exact)."""
+        if "seen" not in state:
+            raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
+        known = {"seen"}
+        for m in [*self.exact_memories, self.linear]:
+            part = {k.split(".", 1)[1]: t for k, t in state.items() if k.startswith(m.name + ".")}
+            known |= {f"{m.name}.{k}" for k in part}
+            m.load_state_dict(part)
+        unknown = set(state) - known
+        if unknown:
+            raise ValueError(f"state has unexpected keys {sorted(unknown)}")
+        self.seen = state["seen"].clone()
+        if self.linear.H is None or self.seen.shape[0] != self.linear.H.shape[0]:
+            raise ValueError("state is inconsistent: 'seen' and 'linear.H' disagree on the batch size")
+        self.num_heads = self.linear.H.shape[1]
+
+    def reset(self) -> None:
+        """Forget everything; the next call allocates afresh."""
+        for m in [*self.exact_memories, self.linear]:
+            m.reset()
+        self.seen = None
+        self.num_heads = 0
+
+    # -- the engine ------------------------------------------------------------------------------
+    def attend(
+        self,
+        q: torch.Tensor,
+        fq: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        valid: torch.Tensor,
+        scale: float,
+        feature_map_k: FeatureFn,
+    ) -> tuple[SoftmaxPartial, LinearPartial]:
+        """Write a segment into the memories and read every query.
+
+        Args:
+            q: ``[B, H, T, D]`` queries; fq: ``[B, H, T, F]`` their features (float32).
+            k, v: ``[B, Hs, T, D]`` keys/values per storage head.
+            valid: ``[B, T]`` bool, real tokens (padding is neither written nor read).
+            scale: softmax scale.
+            feature_map_k: ``φ`` for keys, ``[B, H, N, D] -> [B, H, N, F]``.
+
+        Returns:
+            The merged exact partial and the linear partial, both ``[B, H, T, ·]``;
+            padded positions read nothing (``den = 0``).
+        """
+        if self.seen is None:
+            raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
+        b, h, t, d = q.shape
+        device = q.device
+        n_real = valid.sum(dim=1)
+        # Pack each row's real tokens to the left, in order; rows then run independent schedules.
+        order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)
+        qp, fqp, kp, vp = (_take(x, order) for x in (q, fq, k, v))
+
+        # One scratch slot past the end receives the writes of inactive block entries.
+        out_e = SoftmaxPartial.empty(b, h, t + 1, d, device)
+        out_l = LinearPartial(torch.zeros(b, h, t + 1, d, device=device), torch.zeros(b, h, t + 1, device=device))
+        offset = torch.zeros(b, dtype=torch.long, device=device)
+        remaining = n_real.clone()
+        track = bool(getattr(self.policy, "needs_attention", False))
+        while bool((remaining > 0).any()):
+            until = self.schedule.tokens_until_step(self.seen)
+            length = torch.minimum(until, remaining)
+            L = int(length.max())
+            j = torch.arange(L, device=device)
+            active = j[None, :] < length[:, None]  # [B, L]
+            idx = (offset[:, None] + j).clamp(max=t - 1)
+            pos = torch.where(active, self.seen[:, None] + j, -1)
+            q_c, fq_c, k_c, v_c = (_take(x, idx) for x in (qp, fqp, kp, vp))
+
+            taken = self.sinks.write(k_c, v_c, pos)
+            self.window.append(k_c, v_c, torch.where(taken, -1, pos))
+
+            query = QueryBlock(q_c, fq_c, pos, scale)
+            exact, linear, parts = self._read(query, track)
+            stepping = (length == until) & (length > 0)
+            last = (length - 1).clamp(min=0)
+            if track:
+                counted = active & ~(stepping[:, None] & (j[None, :] == last[:, None]))
+                self._observe(parts, exact, counted)
+            self.seen = self.seen + length
+
+            if bool(stepping.any()):
+                self._step(stepping, feature_map_k)
+                # The query on which the step fell reads the memory as it is after the step.
+                q1, fq1 = _take(q_c, last[:, None]), _take(fq_c, last[:, None])
+                pos1 = torch.where(stepping[:, None], pos.gather(1, last[:, None]), -1)
+                e1, l1, parts1 = self._read(QueryBlock(q1, fq1, pos1, scale), track)
+                if track:
+                    self._observe(parts1, e1, stepping[:, None])
+                sel = stepping[:, None] & (j[None, :] == last[:, None])  # [B, L]
+                exact = _select_partial(sel, e1, exact)
+                linear = LinearPartial(
+                    torch.where(sel[:, None, :, None], l1.num, linear.num),
+                    torch.where(sel[:, None, :], l1.den, linear.den),
+                )
+
+            _scatter_into(out_e, out_l, exact, linear, torch.where(active, idx, t))
+            offset = offset + length
+            remaining = remaining - length
+
+        # Unpack to the caller's token order (padding keeps the empty partial).
+        inverse = torch.argsort(order, dim=1)
+        out_e = SoftmaxPartial(*(_take(x, inverse) for x in (out_e.num, out_e.den, out_e.max)))
+        out_l = LinearPartial(*(_take(x, inverse) for x in (out_l.num, out_l.den)))
+        return out_e, out_l
+
+    def _read(self, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, LinearPartial, list[SoftmaxPartial]]:
+        parts = [m.read(query, keep_logits) for m in self.exact_memories]
+        return merge_softmax_partials(parts), self.linear.read(query), parts
+
+    def _observe(self, parts: list[SoftmaxPartial], exact: SoftmaxPartial, counted: torch.Tensor) -> None:
+        """Add each slot's softmax weight (normalised over the query's exact set) to its tally."""
+        m = torch.where(torch.isfinite(exact.max), exact.max, 0.0).unsqueeze(-1)
+        den = exact.den.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
+        for mem, part in zip(self.exact_memories, parts):
+            if mem.capacity == 0:
+                continue
+            w = torch.exp(part.logits - m) / den  # [B, H, L, N]
+            w = (w * counted[:, None, :, None]).sum(dim=2)  # [B, H, N]
+            hs = mem.block.k.shape[1]
+            mem.observe_attention(w.unflatten(1, (hs, -1)).sum(dim=2))
+
+    def _step(self, rows: torch.Tensor, feature_map_k: FeatureFn) -> None:
+        """Select-and-evict for ``rows [B]``: window overflow + sparse cache → top-λ, rest → ``H, s``."""
+        leaving = self.window.pop_oldest(rows)
+        if not bool(leaving.valid.any()):
+            return
+        candidates = KVBlock.cat([leaving, self.sparse.block])
+        ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1)
+        scores = self.policy.score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
+        if scores.shape != candidates.pos.shape:
+            raise ValueError(f"policy {self.policy!r} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
+        evicted = self.sparse.select(candidates, scores, rows)
+        g = ctx.group(evicted)
+        self.linear.write(ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g))
+
+    def __repr__(self) -> str:
+        return (
+            f"LoLAMemory(sinks={self.sinks!r}, window={self.window!r}, sparse={self.sparse!r}, "
+            f"policy={self.policy!r}, schedule={self.schedule!r}, storage={self.storage!r})"
+        )
+
+
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Gather along the token axis: ``x [B, H, T, ...]``, ``index [B, L]`` → ``[B, H, L, ...]``."""
+    shape = list(x.shape)
+    idx = index.view(index.shape[0], 1, index.shape[1], *([1] * (x.dim() - 3)))
+    return x.gather(2, idx.expand(shape[0], shape[1], index.shape[1], *shape[3:]))
+
+
+def _select_partial(sel: torch.Tensor, a: SoftmaxPartial, b: SoftmaxPartial) -> SoftmaxPartial:
+    """Per query ``sel [B, L]``: ``a`` (broadcast over ``L``) where true, else ``b``."""
+    s3 = sel[:, None, :]
+    return SoftmaxPartial(torch.where(s3[..., None], a.num, b.num), torch.where(s3, a.den, b.den), torch.where(s3, a.max, b.max))
+
+
+def _scatter_into(out_e: SoftmaxPartial, out_l: LinearPartial, e: SoftmaxPartial, l: LinearPartial, idx: torch.Tensor) -> None:
+    """Write block results ``[B, H, L, ·]`` at packed positions ``idx [B, L]`` of the outputs."""
+    for dst, src in ((out_e.num, e.num), (out_e.den, e.den), (out_e.max, e.max), (out_l.num, l.num), (out_l.den, l.den)):
+        full = idx.view(idx.shape[0], 1, idx.shape[1], *([1] * (dst.dim() - 3))).expand_as(src)
+        dst.scatter_(2, full, src)

@@ -1,0 +1,75 @@
+"""LoLAConfig: every option of a LoLA layer, validated and serialisable (pydantic)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["LoLAConfig"]
+
+
+class LoLAConfig(BaseModel):
+    """Configuration of a LoLA attention layer.
+
+    The exact-token budget of a layer is ``sinks + window + sparse_size`` (plus up to
+    ``chunk − 1`` buffered tokens between select-and-evict steps); everything else lives in the
+    constant-size linear state. Invalid values raise :class:`pydantic.ValidationError` naming
+    the field. ``LoLAConfig.model_validate_json(cfg.model_dump_json()) == cfg``.
+
+    Attributes:
+        window: ``η``, the newest tokens kept exact (each query sees at least its ``η`` newest
+            tokens, itself included).
+        sparse_size: ``λ``, tokens kept exact by the scoring policy.
+        sinks: first real tokens of each row pinned exact (not in the paper; cheap and helpful
+            for training-free use).
+        chunk: ``C``, tokens between select-and-evict steps with ``schedule="chunkwise"``.
+        schedule: ``"chunkwise"`` (every ``chunk`` tokens) or ``"tokenwise"`` (every token).
+        policy: name of a registered scoring policy (``"sre"``, ``"attention"``, ``"recency"``,
+            ``"random"``, ``"key_norm"`` or a plug-in's name).
+        policy_kwargs: keyword arguments for the policy (e.g. ``{"seed": 1}`` for ``random``).
+        mixing: ``"lolcats"``, ``"lola_authors"`` or ``"softmax_only"`` (see :mod:`lola.core.mixing`).
+        affine: with ``lolcats`` mixing, weight the linear term by ``1 − w`` instead of ``1``.
+        window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
+            (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
+        feature_map: ``"hedgehog"`` (trainable), ``"hedgehog_identity"``, ``"elu"`` or ``"taylor"``.
+        feature_dim: Hedgehog's projection size ``f`` (features ``F = 2f``).
+        scale: softmax scale; ``None`` means ``1/√D``.
+        gqa_storage: with fewer K/V heads than query heads, store exact K/V once per K/V head
+            (``"kv_head"``, the query heads of a group share one selection, scored by their
+            mean) or once per query head (``"query_head"``: ``H/H_kv`` times the exact-memory
+            bytes, an independent selection per query head).
+        check_inputs: validate tensors on every call (shapes, dtypes, devices, finiteness).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: int = Field(64, ge=0)
+    sparse_size: int = Field(64, ge=0)
+    sinks: int = Field(4, ge=0)
+    chunk: int = Field(64, ge=1)
+    schedule: Literal["chunkwise", "tokenwise"] = "chunkwise"
+    policy: str = "sre"
+    policy_kwargs: dict[str, Any] = Field(default_factory=dict)
+    mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "lolcats"
+    affine: bool = False
+    window_factor_init: float = -2.1972
+    feature_map: Literal["hedgehog", "hedgehog_identity", "elu", "taylor"] = "hedgehog_identity"
+    feature_dim: int = Field(64, ge=1)
+    scale: float | None = Field(None, gt=0)
+    gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
+    check_inputs: bool = True
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from lola import policies
+
+        if name not in policies.available():
+            raise ValueError(f"unknown policy {name!r}; available: {', '.join(policies.available())}")
+        return name
+
+    @property
+    def exact_budget(self) -> int:
+        """``sinks + window + sparse_size``: exact tokens held after each step."""
+        return self.sinks + self.window + self.sparse_size

@@ -1,0 +1,6 @@
+"""Tensor math shared by every layer: attention partials and the mixing rules."""
+
+from lola.core.mixing import MixingRule, mix
+from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
+
+__all__ = ["LinearPartial", "MixingRule", "SoftmaxPartial", "merge_softmax_partials", "mix"]

@@ -1,0 +1,31 @@
+"""The feature-map interface: φ maps per-head vectors to non-negative features."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["FeatureMap"]
+
+
+class FeatureMap(nn.Module):
+    """Base class of feature maps ``φ: [B, H, N, D] -> [B, H, N, F]``.
+
+    Subclasses set :attr:`feature_dim` (``F``) and implement :meth:`forward`. Outputs are
+    float32 whatever the input dtype, because the linear state accumulates them.
+    """
+
+    feature_dim: int
+
+    def __init__(self, num_heads: int, head_dim: int) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        if head_dim < 1:
+            raise ValueError(f"head_dim must be >= 1, got {head_dim}")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """Map ``x: [B, H, N, D]`` to features ``[B, H, N, F]`` (float32)."""
+        raise NotImplementedError

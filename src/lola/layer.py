@@ -1,0 +1,236 @@
+"""LoLAAttention: the attention module, and ``compose(config)`` that builds it from a config."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+from lola.composer import LoLAMemory
+from lola.config import LoLAConfig
+from lola.core.mixing import MixingRule, mix
+from lola.feature_maps import FeatureMap, build_feature_map
+from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
+from lola.policies import build as build_policy
+from lola.schedules import Chunkwise, Tokenwise
+
+__all__ = ["LoLAAttention", "compose", "memory_from_config"]
+
+
+class LoLAAttention(nn.Module):
+    """LoLA attention over pre-projected (and RoPE-rotated) queries, keys and values.
+
+    ``o, state = attn(q, k, v, state=None, padding_mask=None)``:
+
+    - ``q: [B, T, H, D]``; ``k, v: [B, T, H_kv, D]`` with ``H % H_kv == 0``; fp32, fp16 or bf16.
+    - ``padding_mask: [B, T]`` (bool, or 0/1 integers) marks real tokens; padded tokens are
+      never written to any memory and their outputs are zero.
+    - ``state``: a :class:`LoLAMemory` from an earlier call (continue the sequence: the next
+      segment or one decode token) or ``None`` (start afresh). It is updated in place and
+      returned.
+    - ``o: [B, T, H, D]`` in ``q``'s dtype.
+
+    Parameters: the query and key feature maps (``feature_map_q``, ``feature_map_k``) and the
+    per-head ``window_factors [1, H, 1, 1]`` (softmax weight ``w = sigmoid(window_factors)``),
+    named as in LoLCATs checkpoints.
+
+    Args:
+        num_heads: ``H``.
+        head_dim: ``D``.
+        num_kv_heads: ``H_kv`` (defaults to ``H``).
+        memory_factory: builds an empty :class:`LoLAMemory` for a new sequence.
+        feature_map_q, feature_map_k: ``φ`` for queries and keys.
+        mixing: a :class:`~lola.core.MixingRule` name.
+        affine: see :func:`lola.core.mix`.
+        window_factor_init: initial value of ``window_factors``.
+        scale: softmax scale, ``1/√D`` when ``None``.
+        check_inputs: validate tensors on every call.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_kv_heads: int | None = None,
+        *,
+        memory_factory: Callable[[], LoLAMemory],
+        feature_map_q: FeatureMap,
+        feature_map_k: FeatureMap,
+        mixing: str | MixingRule = MixingRule.LOLCATS,
+        affine: bool = False,
+        window_factor_init: float = -2.1972,
+        scale: float | None = None,
+        check_inputs: bool = True,
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+        if head_dim < 1:
+            raise ValueError(f"head_dim must be >= 1, got {head_dim}")
+        if feature_map_q.feature_dim != feature_map_k.feature_dim:
+            raise ValueError(f"feature maps disagree on F: q {feature_map_q.feature_dim}, k {feature_map_k.feature_dim}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.memory_factory = memory_factory
+        self.feature_map_q = feature_map_q
+        self.feature_map_k = feature_map_k
+        self.mixing = MixingRule(mixing)
+        self.affine = affine
+        self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+        self.check_inputs = check_inputs
+        self.window_factors = nn.Parameter(torch.full((1, num_heads, 1, 1), float(window_factor_init)))
+        self._spec = memory_factory().spec()
+
+    @property
+    def feature_dim(self) -> int:
+        """``F``, the size of ``φ(·)``."""
+        return self.feature_map_q.feature_dim
+
+    def new_state(self) -> LoLAMemory:
+        """An empty state for a new batch of sequences (allocated on its first call)."""
+        return self.memory_factory()
+
+    def storage_heads(self, state: LoLAMemory) -> int:
+        """Heads the exact memories are stored for: ``H_kv`` or ``H``."""
+        return self.num_kv_heads if state.storage == "kv_head" else self.num_heads
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        state: LoLAMemory | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, LoLAMemory]:
+        """Attend ``q`` over the sequence so far plus ``k, v``; see the class docstring."""
+        if self.check_inputs:
+            self._check(q, k, v, state, padding_mask)
+        valid = _as_bool_mask(padding_mask, q) if padding_mask is not None else torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
+        state = self.new_state() if state is None else state
+        b = q.shape[0]
+        hs = self.storage_heads(state)
+        if not state.allocated:
+            state.allocate(b, self.num_heads, hs, self.head_dim, self.feature_dim, k.dtype, k.device)
+        else:
+            self._check_state(state, k)
+
+        qh = q.transpose(1, 2)  # [B, H, T, D]
+        kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, T, D]
+        if hs != self.num_kv_heads:
+            g = self.num_heads // self.num_kv_heads
+            kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
+        fq = self.feature_map_q(qh)
+        exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
+        gate = torch.sigmoid(self.window_factors.float()).view(-1)
+        o = mix(exact, linear, gate, self.mixing, self.affine)
+        return o.transpose(1, 2).to(q.dtype), state
+
+    # -- validation -----------------------------------------------------------------------------
+    def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: LoLAMemory | None, padding_mask: torch.Tensor | None) -> None:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dim() != 4:
+                raise ValueError(f"{name} must be [B, T, heads, D] (4 dims), got shape {tuple(x.shape)}")
+            if not x.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+        b, t, h, d = q.shape
+        if t < 1:
+            raise ValueError(f"q must hold at least one token (T >= 1), got T={t}")
+        if h != self.num_heads or d != self.head_dim:
+            raise ValueError(f"q must be [B, T, {self.num_heads}, {self.head_dim}], got {tuple(q.shape)}")
+        expected_kv = (b, t, self.num_kv_heads, self.head_dim)
+        for name, x in (("k", k), ("v", v)):
+            if tuple(x.shape) != expected_kv:
+                raise ValueError(f"{name} must be [B, T, H_kv, D] = {expected_kv} to match q {tuple(q.shape)}, got {tuple(x.shape)}")
+        if not (q.dtype == k.dtype == v.dtype):
+            raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if not (q.device == k.device == v.device):
+            raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{name} contains non-finite values (inf or NaN)")
+        if padding_mask is not None:
+            if not isinstance(padding_mask, torch.Tensor) or tuple(padding_mask.shape) != (b, t):
+                shape = tuple(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask).__name__
+                raise ValueError(f"padding_mask must be a [B, T] = {(b, t)} tensor, got {shape}")
+            if padding_mask.device != q.device:
+                raise ValueError(f"padding_mask must be on {q.device}, got {padding_mask.device}")
+        if state is not None and not isinstance(state, LoLAMemory):
+            raise TypeError(f"state must be a LoLAMemory or None, got {type(state).__name__}")
+
+    def _check_state(self, state: LoLAMemory, k: torch.Tensor) -> None:
+        if state.spec() != self._spec:
+            raise ValueError(f"state was built for another configuration: state {state.spec()}, layer {self._spec}")
+        if state.batch_size != k.shape[0]:
+            raise ValueError(f"state holds {state.batch_size} rows, got a batch of {k.shape[0]}")
+        block = state.window.block
+        expected = (self.storage_heads(state), self.head_dim)
+        if block is not None and (block.k.shape[1], block.k.shape[3]) != expected:
+            raise ValueError(f"state stores [heads, D] = {(block.k.shape[1], block.k.shape[3])}, layer expects {expected}")
+        H = state.linear.H
+        if H is not None and tuple(H.shape[1:]) != (self.num_heads, self.feature_dim, self.head_dim):
+            raise ValueError(f"state's linear state is {tuple(H.shape[1:])}, layer expects {(self.num_heads, self.feature_dim, self.head_dim)}")
+        if block is not None and block.k.dtype != k.dtype:
+            raise TypeError(f"state stores {block.k.dtype} keys, got k of dtype {k.dtype}")
+        if state.seen.device != k.device:
+            raise ValueError(f"state lives on {state.seen.device}, got inputs on {k.device}")
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, mixing={self.mixing.value}, memory={self.new_state()!r}"
+
+
+def _as_bool_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point() or not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("padding_mask must be bool or hold only 0/1 integers (1 = real token)")
+    return mask.bool()
+
+
+def memory_from_config(cfg: LoLAConfig) -> LoLAMemory:
+    """An empty :class:`LoLAMemory` built from ``cfg`` (sinks, window, sparse cache, policy, schedule)."""
+    schedule = Tokenwise() if cfg.schedule == "tokenwise" else Chunkwise(cfg.chunk)
+    return LoLAMemory(
+        sinks=SinkTokens(cfg.sinks),
+        window=SlidingWindow(cfg.window, max_pending=schedule.period),
+        sparse=SparseCache(cfg.sparse_size),
+        linear=LinearState(),
+        policy=build_policy(cfg.policy, **cfg.policy_kwargs),
+        schedule=schedule,
+        storage=cfg.gqa_storage,
+    )
+
+
+def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | None = None) -> LoLAAttention:
+    """Build a :class:`LoLAAttention` from a config.
+
+    Args:
+        cfg: the layer's :class:`~lola.LoLAConfig`.
+        num_heads: query heads ``H``.
+        head_dim: ``D``.
+        num_kv_heads: K/V heads ``H_kv`` (``H`` if ``None``).
+
+    Example::
+
+        attn = lola.compose(lola.LoLAConfig(window=64, sparse_size=64), num_heads=8, head_dim=64)
+        o, state = attn(q, k, v)                    # q: [B, T, 8, 64]
+        o2, state = attn(q2, k2, v2, state=state)   # continue the sequence
+    """
+    if not isinstance(cfg, LoLAConfig):
+        raise TypeError(f"cfg must be a LoLAConfig, got {type(cfg).__name__}")
+    return LoLAAttention(
+        num_heads,
+        head_dim,
+        num_kv_heads,
+        memory_factory=lambda: memory_from_config(cfg),
+        feature_map_q=build_feature_map(cfg.feature_map, num_heads, head_dim, cfg.feature_dim),
+        feature_map_k=build_feature_map(cfg.feature_map, num_heads, head_dim, cfg.feature_dim),
+        mixing=cfg.mixing,
+        affine=cfg.affine,
+        window_factor_init=cfg.window_factor_init,
+        scale=cfg.scale,
+        check_inputs=cfg.check_inputs,
+    )

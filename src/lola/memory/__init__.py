@@ -1,0 +1,20 @@
+"""Memory systems of a LoLA layer: sinks, sliding window, sparse cache and linear state."""
+
+from lola.memory.base import ExactStore, KVBlock, MemorySystem, QueryBlock, exact_logits, partial_from_logits
+from lola.memory.linear_state import LinearState
+from lola.memory.sinks import SinkTokens
+from lola.memory.sparse import SparseCache
+from lola.memory.window import SlidingWindow
+
+__all__ = [
+    "ExactStore",
+    "KVBlock",
+    "LinearState",
+    "MemorySystem",
+    "QueryBlock",
+    "SinkTokens",
+    "SlidingWindow",
+    "SparseCache",
+    "exact_logits",
+    "partial_from_logits",
+]

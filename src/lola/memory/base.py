@@ -1,0 +1,245 @@
+"""The memory interface and the slot store shared by the exact (softmax) memories.
+
+Stored memories use the ``[B, Hs, N, ·]`` layout of transformers caches: ``Hs`` storage heads
+(the K/V heads, or the query heads when keys are stored per query head), ``N`` slots. A slot
+is empty when its position is ``-1``; positions are the per-row count of real tokens seen
+before the token (``0`` for the first real token of a row), so padding never gets one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from lola.core.partials import LinearPartial, SoftmaxPartial
+
+__all__ = ["ExactStore", "KVBlock", "MemorySystem", "QueryBlock", "exact_logits", "partial_from_logits"]
+
+EMPTY = -1
+
+
+@dataclass
+class KVBlock:
+    """A set of key/value slots.
+
+    Attributes:
+        k: ``[B, Hs, N, D]`` keys (RoPE applied).
+        v: ``[B, Hs, N, D]`` values.
+        pos: ``[B, Hs, N]`` int64 token positions; ``-1`` marks an empty slot.
+        acc: optional ``[B, Hs, N]`` float32 attention mass received so far
+            (kept only for policies that score by attention).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    pos: torch.Tensor
+    acc: torch.Tensor | None = None
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """``[B, Hs, N]`` bool: slots that hold a token."""
+        return self.pos >= 0
+
+    @property
+    def size(self) -> int:
+        """Number of slots ``N``."""
+        return self.pos.shape[-1]
+
+    def masked(self, keep: torch.Tensor) -> "KVBlock":
+        """The same slots with those where ``keep [B, Hs, N]`` is false marked empty."""
+        return KVBlock(self.k, self.v, torch.where(keep, self.pos, EMPTY), self.acc)
+
+    def gather(self, index: torch.Tensor) -> "KVBlock":
+        """Slots picked by ``index [B, Hs, M]`` (int64) along the slot axis."""
+        idx = index.unsqueeze(-1).expand(-1, -1, -1, self.k.shape[-1])
+        acc = None if self.acc is None else self.acc.gather(2, index)
+        return KVBlock(self.k.gather(2, idx), self.v.gather(2, idx), self.pos.gather(2, index), acc)
+
+    @staticmethod
+    def cat(blocks: list["KVBlock"]) -> "KVBlock":
+        """Concatenate blocks along the slot axis (``acc`` kept only if all blocks have it)."""
+        accs = [b.acc for b in blocks]
+        acc = torch.cat(accs, dim=2) if all(a is not None for a in accs) else None
+        return KVBlock(
+            torch.cat([b.k for b in blocks], dim=2),
+            torch.cat([b.v for b in blocks], dim=2),
+            torch.cat([b.pos for b in blocks], dim=2),
+            acc,
+        )
+
+
+@dataclass
+class QueryBlock:
+    """A block of queries read against the memories.
+
+    Attributes:
+        q: ``[B, H, L, D]`` queries (RoPE applied).
+        fq: ``[B, H, L, F]`` float32 feature-mapped queries ``φ(q)``.
+        pos: ``[B, L]`` int64 positions; ``-1`` for padding (reads nothing).
+        scale: softmax scale (``1/√D`` by default).
+    """
+
+    q: torch.Tensor
+    fq: torch.Tensor
+    pos: torch.Tensor
+    scale: float
+
+
+@runtime_checkable
+class MemorySystem(Protocol):
+    """What every memory of a LoLA layer provides.
+
+    Softmax memories return a :class:`~lola.core.SoftmaxPartial` from ``read``; the linear
+    state returns a :class:`~lola.core.LinearPartial`. The composer
+    (:class:`lola.LoLAMemory`) merges them; nothing else needs to know a memory's type.
+    """
+
+    def read(self, query: QueryBlock) -> SoftmaxPartial | LinearPartial:
+        """Answer ``query`` with a partial over what this memory holds."""
+        ...
+
+    def nbytes(self) -> int:
+        """Bytes of tensor storage held."""
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Tensors that fully describe the memory's contents."""
+        ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore contents saved by :meth:`state_dict`."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything (storage is freed; the next write allocates again)."""
+        ...
+
+
+def exact_logits(query: QueryBlock, block: KVBlock) -> torch.Tensor:
+    """Masked scores of queries against slots, grouped-query aware.
+
+    Args:
+        query: queries ``q [B, H, L, D]`` with positions ``[B, L]``.
+        block: slots ``k [B, Hs, N, D]`` with positions ``[B, Hs, N]``; ``H % Hs == 0`` and
+            query head ``h`` reads storage head ``h // (H // Hs)``.
+
+    Returns:
+        ``[B, H, L, N]`` float32 ``scale · q·k``, ``-inf`` where the slot is empty, later than
+        the query, or the query is padding.
+    """
+    b, h, l, d = query.q.shape
+    hs = block.k.shape[1]
+    g = h // hs
+    q = query.q.float().view(b, hs, g, l, d)
+    s = torch.matmul(q, block.k.float().unsqueeze(2).transpose(-1, -2)) * query.scale  # [B, Hs, g, L, N]
+    kpos = block.pos.view(b, hs, 1, 1, -1)
+    qpos = query.pos.view(b, 1, 1, l, 1)
+    visible = (kpos >= 0) & (kpos <= qpos) & (qpos >= 0)
+    return s.masked_fill(~visible, float("-inf")).view(b, h, l, -1)
+
+
+def partial_from_logits(logits: torch.Tensor, v: torch.Tensor, keep_logits: bool = False) -> SoftmaxPartial:
+    """Softmax partial from masked logits.
+
+    Args:
+        logits: ``[B, H, L, N]`` float32, ``-inf`` where invisible.
+        v: ``[B, Hs, N, D]`` values.
+        keep_logits: attach ``logits`` to the partial (for attention-based policies).
+    """
+    b, h, l, n = logits.shape
+    hs = v.shape[1]
+    m = logits.amax(dim=-1) if n > 0 else logits.new_full((b, h, l), float("-inf"))
+    finite = torch.isfinite(m)
+    p = torch.exp(logits - torch.where(finite, m, 0.0).unsqueeze(-1))  # exp(-inf) = 0 for masked slots
+    num = torch.matmul(p.view(b, hs, h // hs, l, n), v.float().unsqueeze(2)).view(b, h, l, -1)
+    return SoftmaxPartial(num=num, den=p.sum(-1), max=m, logits=logits if keep_logits else None)
+
+
+class ExactStore:
+    """Fixed-capacity slot store of exact key/value pairs (base of sinks, window, sparse cache).
+
+    Storage is allocated on the first write (then its size never changes):
+    ``k, v: [B, Hs, capacity, D]`` in the input dtype, ``pos: [B, Hs, capacity]`` int64 and,
+    when attention is tracked, ``acc: [B, Hs, capacity]`` float32.
+
+    Args:
+        capacity: number of slots per (row, storage head).
+    """
+
+    #: Prefix of this store's keys in a composed state dict.
+    name = "exact"
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self.capacity = int(capacity)
+        self.block: KVBlock | None = None
+
+    # -- allocation ---------------------------------------------------------------------------
+    def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, track_attention: bool) -> None:
+        """Allocate empty storage for ``batch`` rows and ``heads`` storage heads."""
+        n = self.capacity
+        self.block = KVBlock(
+            k=torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
+            v=torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
+            pos=torch.full((batch, heads, n), EMPTY, dtype=torch.long, device=device),
+            acc=torch.zeros(batch, heads, n, device=device) if track_attention else None,
+        )
+
+    @property
+    def allocated(self) -> bool:
+        return self.block is not None
+
+    def _require(self) -> KVBlock:
+        if self.block is None:
+            raise RuntimeError(f"{type(self).__name__} is not allocated yet: write to it first")
+        return self.block
+
+    # -- MemorySystem -------------------------------------------------------------------------
+    def read(self, query: QueryBlock, keep_logits: bool = False) -> SoftmaxPartial:
+        """Softmax partial of ``query`` over the stored slots it may see (see :func:`exact_logits`)."""
+        block = self._require()
+        return partial_from_logits(exact_logits(query, block), block.v, keep_logits)
+
+    def observe_attention(self, weights: torch.Tensor) -> None:
+        """Add attention mass ``weights [B, Hs, N]`` received by each slot (if tracked)."""
+        block = self._require()
+        if block.acc is not None:
+            block.acc = block.acc + weights.detach()
+
+    def nbytes(self) -> int:
+        if self.block is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if self.block is None:
+            return {}
+        out = {"k": self.block.k, "v": self.block.v, "pos": self.block.pos}
+        if self.block.acc is not None:
+            out["acc"] = self.block.acc
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if not state:
+            self.block = None
+            return
+        missing = {"k", "v", "pos"} - state.keys()
+        if missing:
+            raise ValueError(f"{type(self).__name__} state is missing {sorted(missing)}")
+        k, v, pos = state["k"], state["v"], state["pos"]
+        if k.dim() != 4 or k.shape != v.shape or pos.shape != k.shape[:3] or k.shape[2] != self.capacity:
+            raise ValueError(
+                f"{type(self).__name__} state must hold k, v [B, Hs, {self.capacity}, D] and pos [B, Hs, {self.capacity}], "
+                f"got k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}"
+            )
+        acc = state.get("acc")
+        self.block = KVBlock(k.clone(), v.clone(), pos.clone(), None if acc is None else acc.clone())
+
+    def reset(self) -> None:
+        self.block = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.capacity})"

@@ -1,0 +1,82 @@
+"""Linear-attention state ``H = Σ φ(k) vᵀ``, ``s = Σ φ(k)`` over evicted tokens (float32)."""
+
+from __future__ import annotations
+
+import torch
+
+from lola.core.partials import LinearPartial
+from lola.memory.base import QueryBlock
+
+__all__ = ["LinearState"]
+
+
+class LinearState:
+    """Constant-size memory of every token in neither the window, the sparse cache nor the sinks.
+
+    Storage: ``H: [B, H, F, D]`` and ``s: [B, H, F]``, always float32 (a bf16 state loses
+    tokens to rounding as it grows). One state per *query* head, since feature maps are per
+    query head.
+    """
+
+    name = "linear"
+
+    def __init__(self) -> None:
+        self.H: torch.Tensor | None = None
+        self.s: torch.Tensor | None = None
+
+    def allocate(self, batch: int, heads: int, feature_dim: int, head_dim: int, device: torch.device) -> None:
+        """Allocate a zero state."""
+        self.H = torch.zeros(batch, heads, feature_dim, head_dim, device=device)
+        self.s = torch.zeros(batch, heads, feature_dim, device=device)
+
+    @property
+    def allocated(self) -> bool:
+        return self.H is not None
+
+    def _require(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.H is None or self.s is None:
+            raise RuntimeError("LinearState is not allocated yet: write to it first")
+        return self.H, self.s
+
+    def read(self, query: QueryBlock) -> LinearPartial:
+        """``num = φ(q)ᵀH [B, H, L, D]``, ``den = φ(q)ᵀs [B, H, L]``."""
+        H, s = self._require()
+        fq = query.fq.float()
+        return LinearPartial(num=torch.matmul(fq, H), den=torch.matmul(fq, s.unsqueeze(-1)).squeeze(-1))
+
+    def write(self, fk: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> None:
+        """Fold tokens in: ``H += Σ φ(k) vᵀ``, ``s += Σ φ(k)`` over slots where ``mask``.
+
+        Args:
+            fk: ``[B, H, N, F]`` feature-mapped keys.
+            v: ``[B, H, N, D]`` values.
+            mask: ``[B, H, N]`` bool, the tokens to fold.
+        """
+        H, s = self._require()
+        fk = torch.where(mask.unsqueeze(-1), fk.float(), 0.0)
+        # Out of place: earlier reads of H may be saved for autograd (training feature maps).
+        self.H = H + torch.matmul(fk.transpose(-1, -2), torch.where(mask.unsqueeze(-1), v.float(), 0.0))
+        self.s = s + fk.sum(dim=2)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {} if self.H is None else {"H": self.H, "s": self.s}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if not state:
+            self.H = self.s = None
+            return
+        if set(state) != {"H", "s"}:
+            raise ValueError(f"LinearState state must hold exactly 'H' and 's', got {sorted(state)}")
+        H, s = state["H"], state["s"]
+        if H.dtype != torch.float32 or s.dtype != torch.float32 or H.dim() != 4 or s.shape != H.shape[:3]:
+            raise ValueError(f"LinearState needs float32 H [B, H, F, D] and s [B, H, F], got {H.dtype} {tuple(H.shape)}, {s.dtype} {tuple(s.shape)}")
+        self.H, self.s = H.clone(), s.clone()
+
+    def reset(self) -> None:
+        self.H = self.s = None
+
+    def __repr__(self) -> str:
+        return "LinearState()"

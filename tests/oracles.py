@@ -1,0 +1,93 @@
+"""Independent, deliberately naive implementations the tests compare lola against.
+
+Nothing here imports lola's engine: dense masks, explicit loops and Python sets only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """‖ref − out‖ / ‖ref‖ in float64 (absolute error when ref is zero)."""
+    ref, out = ref.detach().double(), out.detach().double()
+    denom = ref.norm()
+    diff = (ref - out).norm()
+    return float(diff / denom) if denom > 0 else float(diff)
+
+
+def assert_rel_close(ref: torch.Tensor, out: torch.Tensor, ratio: float = 1e-5, what: str = "") -> None:
+    assert ref.shape == out.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(out.detach()).all(), f"{what}: non-finite values"
+    err = rel_err(ref, out)
+    assert err <= ratio, f"{what}: relative RMSE {err:.3e} > {ratio:.1e}"
+
+
+def repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``[B, T, H_kv, D] -> [B, T, H_kv·group, D]`` (query head h reads K/V head h // group)."""
+    return x.repeat_interleave(group, dim=2)
+
+
+def causal_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Exact causal softmax attention, ``q: [B, T, H, D]``, ``k, v: [B, T, H_kv, D]`` → ``[B, T, H, D]``."""
+    g = q.shape[2] // k.shape[2]
+    k, v = repeat_kv(k, g).double(), repeat_kv(v, g).double()
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k) * scale
+    t = q.shape[1]
+    s = s.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v)
+
+
+def recurrent_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Naive token loop: ``y_t = φ(q_t)ᵀ Σ_{j≤t} φ(k_j)v_jᵀ / φ(q_t)ᵀ Σ_{j≤t} φ(k_j)``.
+
+    ``fq, fk: [B, T, H, F]``, ``v: [B, T, H, D]`` (already per query head) → ``[B, T, H, D]``.
+    """
+    b, t, h, f = fq.shape
+    H = torch.zeros(b, h, f, v.shape[-1], dtype=torch.float64)
+    s = torch.zeros(b, h, f, dtype=torch.float64)
+    out = []
+    for i in range(t):
+        H = H + fk[:, i].double().unsqueeze(-1) * v[:, i].double().unsqueeze(-2)
+        s = s + fk[:, i].double()
+        num = torch.einsum("bhf,bhfd->bhd", fq[:, i].double(), H)
+        den = torch.einsum("bhf,bhf->bh", fq[:, i].double(), s)
+        out.append(num / den.unsqueeze(-1))
+    return torch.stack(out, dim=1)
+
+
+def hybrid_exact_mask(t: int, window: int, sinks: int, chunk: int) -> torch.Tensor:
+    """``[T, T]`` bool: key j is exact for query p in the sliding-window + linear hybrid (no sparse cache).
+
+    Steps run after positions C−1, 2C−1, …; after the last step at or before p (position
+    b), the window keeps positions > b − η; sinks are positions < ``sinks``.
+    """
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    for p in range(t):
+        last_step = ((p + 1) // chunk) * chunk - 1  # -1: no step yet
+        lo = last_step - window + 1 if last_step >= 0 else 0
+        for j in range(p + 1):
+            mask[p, j] = j < sinks or j >= lo
+    return mask
+
+
+def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False):
+    """LoLCATs mixing over a dense exact mask; the rest of the causal past is linear.
+
+    ``q: [B, T, H, D]``; ``k, v: [B, T, H, D]`` per query head; ``fq, fk: [B, T, H, F]``;
+    ``exact_mask: [T, T]``; ``gate: [H]`` softmax weight. Returns ``[B, T, H, D]`` (float64).
+    """
+    t = q.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    lin_mask = causal & ~exact_mask
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * scale
+    s = s.masked_fill(~exact_mask, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    p = torch.exp(s - m)
+    a = torch.einsum("bihf,bjhf->bhij", fq.double(), fk.double()) * lin_mask
+    w = gate.double().view(1, -1, 1, 1)
+    lw = (1 - w) if affine else torch.ones_like(w)
+    num = torch.einsum("bhij,bjhd->bhid", w * p + lw * a, v.double())
+    den = (w * p + lw * a).sum(-1)
+    return (num / den.unsqueeze(-1)).transpose(1, 2)

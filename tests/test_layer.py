@@ -1,0 +1,179 @@
+import pytest
+import torch
+
+import lola
+from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
+from lola.policies import SelfRecallError
+from lola.schedules import Chunkwise
+from tests.oracles import assert_rel_close, causal_softmax
+
+CFG = lola.LoLAConfig(window=4, sparse_size=4, sinks=2, chunk=3)
+
+
+def inputs(b=2, t=20, h=4, h_kv=2, d=8, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, t, h, d, generator=g).to(dtype), torch.randn(b, t, h_kv, d, generator=g).to(dtype), torch.randn(b, t, h_kv, d, generator=g).to(dtype))
+
+
+@pytest.fixture
+def attn():
+    return lola.compose(CFG, num_heads=4, head_dim=8, num_kv_heads=2)
+
+
+def test_issue_example_runs():
+    cfg = lola.LoLAConfig(window=64, sparse_size=64, sinks=4, chunk=64, policy="sre", schedule="chunkwise", feature_map="hedgehog_identity", mixing="lolcats")
+    attn = lola.compose(cfg, num_heads=8, head_dim=64)
+    assert isinstance(attn, torch.nn.Module)
+    q, k, v = inputs(b=1, t=300, h=8, h_kv=8, d=64)
+    o, state = attn(q, k, v)
+    o2, state = attn(q[:, :1], k[:, :1], v[:, :1], state=state)
+    assert o.shape == q.shape and o2.shape == (1, 1, 8, 64)
+    assert state.nbytes() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_output_dtype_and_fp32_state(attn, dtype):
+    q, k, v = inputs(dtype=dtype)
+    o, state = attn(q, k, v)
+    assert o.dtype == dtype and o.shape == q.shape and torch.isfinite(o).all()
+    assert state.linear.H.dtype == torch.float32 and state.window.block.k.dtype == dtype
+    ref, _ = attn(*(x.float() for x in (q, k, v)))
+    assert_rel_close(ref, o.float(), 2e-2 if dtype != torch.float32 else 1e-6)
+
+
+def test_scale_option():
+    cfg = lola.LoLAConfig(window=30, sparse_size=0, sinks=0, scale=0.3)
+    a = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    q, k, v = inputs()
+    o, _ = a(q, k, v)
+    assert_rel_close(causal_softmax(q, k, v, 0.3), o, 1e-5)
+
+
+def test_state_dict_round_trip_is_bit_exact(attn):
+    q, k, v = inputs(t=40)
+    _, state = attn(q[:, :23], k[:, :23], v[:, :23])
+    saved = {n: x.clone() for n, x in state.state_dict().items()}
+    o_cont, _ = attn(q[:, 23:], k[:, 23:], v[:, 23:], state=state)
+    fresh_layer = lola.compose(CFG, num_heads=4, head_dim=8, num_kv_heads=2)
+    fresh_layer.load_state_dict(attn.state_dict())
+    restored = fresh_layer.new_state()
+    restored.load_state_dict(saved)
+    o_rest, _ = fresh_layer(q[:, 23:], k[:, 23:], v[:, 23:], state=restored)
+    assert torch.equal(o_cont, o_rest)
+
+
+def test_nbytes_is_constant_once_allocated(attn):
+    q, k, v = inputs(t=10)
+    _, state = attn(q, k, v)
+    n0 = state.nbytes()
+    for _ in range(5):
+        _, state = attn(q, k, v, state=state)
+    assert state.nbytes() == n0
+    b, hs, d, h = 2, 2, 8, 4
+    exact_slots = CFG.sinks + (CFG.window + CFG.chunk) + CFG.sparse_size
+    expected = b * hs * exact_slots * (2 * d * 4 + 8) + b * h * (attn.feature_dim * d + attn.feature_dim) * 4 + b * 8
+    assert n0 == expected
+
+
+def test_query_head_storage_costs_group_times_more_exact_bytes():
+    q, k, v = inputs()
+    a_kv = lola.compose(CFG, num_heads=4, head_dim=8, num_kv_heads=2)
+    a_q = lola.compose(CFG.model_copy(update={"gqa_storage": "query_head"}), num_heads=4, head_dim=8, num_kv_heads=2)
+    _, s_kv = a_kv(q, k, v)
+    _, s_q = a_q(q, k, v)
+    exact = lambda s: sum(m.nbytes() for m in s.exact_memories)  # noqa: E731
+    assert exact(s_q) == 2 * exact(s_kv)
+
+
+def test_custom_cache_from_parts():
+    memory = lambda: lola.LoLAMemory(  # noqa: E731
+        sinks=SinkTokens(1), window=SlidingWindow(3, max_pending=2), sparse=SparseCache(2), linear=LinearState(), policy=SelfRecallError(eps=1e-4), schedule=Chunkwise(2)
+    )
+    from lola.feature_maps import EluFeatureMap
+
+    attn = lola.LoLAAttention(4, 8, 2, memory_factory=memory, feature_map_q=EluFeatureMap(4, 8), feature_map_k=EluFeatureMap(4, 8), mixing="lola_authors")
+    q, k, v = inputs()
+    o, state = attn(q, k, v)
+    assert torch.isfinite(o).all() and int(state.seen[0]) == 20
+    # the same sequence with nothing evicted is exact softmax
+    big = lambda: lola.LoLAMemory(window=SlidingWindow(20, 2), sparse=SparseCache(0), policy=SelfRecallError(), schedule=Chunkwise(2))  # noqa: E731
+    exact = lola.LoLAAttention(4, 8, 2, memory_factory=big, feature_map_q=EluFeatureMap(4, 8), feature_map_k=EluFeatureMap(4, 8))
+    assert_rel_close(causal_softmax(q, k, v, exact.scale), exact(q, k, v)[0], 1e-5)
+
+
+def test_window_must_buffer_a_whole_period():
+    with pytest.raises(ValueError, match="max_pending"):
+        lola.LoLAMemory(window=SlidingWindow(3, max_pending=1), sparse=SparseCache(2), policy=SelfRecallError(), schedule=Chunkwise(4))
+
+
+# -- bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "mutate, err, match",
+    [
+        (lambda q, k, v: (q[0], k, v), ValueError, "q must be"),
+        (lambda q, k, v: (q, k[:1], v), ValueError, "k must be"),
+        (lambda q, k, v: (q, k, v[:, :5]), ValueError, "v must be"),
+        (lambda q, k, v: (q[..., :6], k, v), ValueError, r"q must be \[B, T, 4, 8\]"),
+        (lambda q, k, v: (q, k[..., :6], v), ValueError, "k must be"),
+        (lambda q, k, v: (q, k.double(), v), TypeError, "dtype"),
+        (lambda q, k, v: (q, k, v.long()), TypeError, "floating"),
+        (lambda q, k, v: (q[:, :0], k[:, :0], v[:, :0]), ValueError, "T >= 1"),
+        (lambda q, k, v: (q.clone().index_fill_(1, torch.tensor([3]), float("nan")), k, v), ValueError, "q contains non-finite"),
+        (lambda q, k, v: (q, k.clone().index_fill_(1, torch.tensor([3]), float("inf")), v), ValueError, "k contains non-finite"),
+        (lambda q, k, v: ("q", k, v), TypeError, "q must be a torch.Tensor"),
+    ],
+)
+def test_bad_tensors(attn, mutate, err, match):
+    with pytest.raises(err, match=match):
+        attn(*mutate(*inputs()))
+
+
+def test_heads_must_divide():
+    with pytest.raises(ValueError, match="multiple"):
+        lola.compose(CFG, num_heads=4, head_dim=8, num_kv_heads=3)
+
+
+def test_bad_padding_mask(attn):
+    q, k, v = inputs()
+    with pytest.raises(ValueError, match="padding_mask"):
+        attn(q, k, v, padding_mask=torch.ones(2, 19, dtype=torch.bool))
+    with pytest.raises(ValueError, match="padding_mask"):
+        attn(q, k, v, padding_mask=torch.full((2, 20), 2))
+    o_int, _ = attn(q, k, v, padding_mask=torch.ones(2, 20, dtype=torch.long))
+    o_bool, _ = attn(q, k, v)
+    assert torch.equal(o_int, o_bool)
+
+
+def test_state_from_another_config_or_batch_is_refused(attn):
+    q, k, v = inputs()
+    _, state = attn(q, k, v)
+    other = lola.compose(CFG.model_copy(update={"window": 5}), num_heads=4, head_dim=8, num_kv_heads=2)
+    with pytest.raises(ValueError, match="another configuration"):
+        other(q, k, v, state=state)
+    with pytest.raises(ValueError, match="rows"):
+        attn(q[:1], k[:1], v[:1], state=state)
+    with pytest.raises(TypeError, match="state stores"):
+        attn(q.half(), k.half(), v.half(), state=state)
+    with pytest.raises(TypeError, match="LoLAMemory"):
+        attn(q, k, v, state={"H": 1})
+    wider = lola.compose(CFG, num_heads=4, head_dim=8, num_kv_heads=4)
+    with pytest.raises(ValueError, match="state stores"):
+        wider(q, torch.cat([k, k], 2), torch.cat([v, v], 2), state=state)
+
+
+def test_state_dict_with_unknown_keys_is_refused(attn):
+    _, state = attn(*inputs())
+    sd = dict(state.state_dict())
+    sd["bogus"] = torch.zeros(1)
+    with pytest.raises(ValueError, match="bogus"):
+        attn.new_state().load_state_dict(sd)
+
+
+def test_gradients_reach_feature_maps_and_window_factors():
+    cfg = lola.LoLAConfig(window=2, sparse_size=2, sinks=1, chunk=2, feature_map="hedgehog")
+    attn = lola.compose(cfg, num_heads=2, head_dim=8)
+    q, k, v = inputs(h=2, h_kv=2)
+    o, _ = attn(q, k, v)
+    o.square().mean().backward()
+    for name, p in attn.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name

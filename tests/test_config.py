@@ -35,3 +35,19 @@ def test_unknown_policy_lists_the_valid_ones():
 def test_unknown_field_is_rejected():
     with pytest.raises(ValidationError, match="windw"):
         lola.LoLAConfig(windw=3)
+
+
+def test_layer_overrides_from_mapping_or_list():
+    cfg = lola.LoLAConfig(window=8, layer_overrides={1: {"window": 32, "sparse_size": 4}}, full_attention_layers=[3, 0, 3])
+    assert cfg.for_layer(1).window == 32 and cfg.for_layer(1).sparse_size == 4
+    assert cfg.for_layer(0).window == 8 and cfg.for_layer(0).layer_overrides == {}
+    assert cfg.full_attention_layers == [0, 3]
+    as_list = lola.LoLAConfig(window=8, layer_overrides=[{}, {"window": 32, "sparse_size": 4}])
+    assert as_list.for_layer(1) == cfg.for_layer(1)
+    assert lola.LoLAConfig.model_validate_json(cfg.model_dump_json()) == cfg
+
+
+@pytest.mark.parametrize("overrides, match", [({0: {"window": -1}}, "window"), ({0: {"wndow": 3}}, "wndow"), ({0: {"full_attention_layers": [1]}}, "full_attention_layers"), ({-1: {"window": 3}}, "layer indices")])
+def test_bad_layer_overrides(overrides, match):
+    with pytest.raises(ValidationError, match=match):
+        lola.LoLAConfig(layer_overrides=overrides)

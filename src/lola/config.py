@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["LoLAConfig"]
+
+_MODEL_LEVEL_FIELDS = {"layer_overrides", "full_attention_layers"}
 
 
 class LoLAConfig(BaseModel):
@@ -40,6 +42,10 @@ class LoLAConfig(BaseModel):
             mean) or once per query head (``"query_head"``: ``H/H_kv`` times the exact-memory
             bytes, an independent selection per query head).
         check_inputs: validate tensors on every call (shapes, dtypes, devices, finiteness).
+        layer_overrides: per-layer changes for whole models, as a mapping ``{layer: {field:
+            value}}`` or a list with one mapping per layer (e.g. a larger window in layer 0).
+        full_attention_layers: layers left as stock full attention by
+            :func:`lola.integrations.transformers.apply_lola`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,6 +65,45 @@ class LoLAConfig(BaseModel):
     scale: float | None = Field(None, gt=0)
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
     check_inputs: bool = True
+    layer_overrides: dict[int, dict[str, Any]] = Field(default_factory=dict)
+    full_attention_layers: list[int] = Field(default_factory=list)
+
+    @field_validator("layer_overrides", mode="before")
+    @classmethod
+    def _overrides_from_list(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return {i: dict(v) for i, v in enumerate(value) if v}
+        return value
+
+    @field_validator("layer_overrides")
+    @classmethod
+    def _overridable_fields(cls, value: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        allowed = set(cls.model_fields) - _MODEL_LEVEL_FIELDS
+        for layer, fields in value.items():
+            if layer < 0:
+                raise ValueError(f"layer indices must be >= 0, got {layer}")
+            unknown = set(fields) - allowed
+            if unknown:
+                raise ValueError(f"layer {layer}: cannot override {sorted(unknown)}; overridable fields: {sorted(allowed)}")
+        return value
+
+    @field_validator("full_attention_layers")
+    @classmethod
+    def _non_negative_layers(cls, value: list[int]) -> list[int]:
+        if any(i < 0 for i in value):
+            raise ValueError(f"layer indices must be >= 0, got {value}")
+        return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _overrides_are_valid(self) -> "LoLAConfig":
+        for layer in self.layer_overrides:
+            self.for_layer(layer)  # raises a ValidationError naming the bad field
+        return self
+
+    def for_layer(self, index: int) -> "LoLAConfig":
+        """The configuration of layer ``index``: this one with its ``layer_overrides`` applied."""
+        base = self.model_dump(exclude=_MODEL_LEVEL_FIELDS)
+        return LoLAConfig(**{**base, **self.layer_overrides.get(index, {})})
 
     @field_validator("policy")
     @classmethod

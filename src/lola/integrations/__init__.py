@@ -1,0 +1,1 @@
+"""Integrations of lola with other libraries (import the submodule you need)."""

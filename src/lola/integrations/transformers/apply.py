@@ -1,0 +1,114 @@
+"""apply_lola / remove_lola: turn a transformers decoder model's attention into LoLA and back."""
+
+from __future__ import annotations
+
+import torch
+
+from lola.config import LoLAConfig
+from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
+from lola.layer import LoLAAttention, compose
+
+__all__ = ["apply_lola", "attention_modules", "remove_lola"]
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The self-attention modules of a decoder model, ordered by ``layer_idx``.
+
+    A module qualifies if it has ``layer_idx``, ``q_proj``, ``k_proj`` and ``v_proj`` (the
+    Llama family: Llama, Mistral, Qwen2, SmolLM, …).
+    """
+    found = [m for m in model.modules() if all(hasattr(m, a) for a in ("layer_idx", "q_proj", "k_proj", "v_proj"))]
+    if not found:
+        raise ValueError(f"found no Llama-style attention modules (with layer_idx, q_proj, k_proj, v_proj) in {type(model).__name__}")
+    found.sort(key=lambda m: m.layer_idx)
+    return found
+
+
+def _geometry(module: torch.nn.Module) -> tuple[int, int, int]:
+    cfg = module.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(module, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return heads, kv_heads, head_dim
+
+
+def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None) -> torch.nn.Module:
+    """Make every attention layer of ``model`` a LoLA layer (in place; returns ``model``).
+
+    Each attention module gets a ``lola`` submodule (:class:`lola.LoLAAttention`: feature maps
+    and window factors, trainable and saved with the model), the model's attention
+    implementation becomes ``"lola"`` (function and mask registered with transformers), and
+    layers listed in ``config.full_attention_layers`` keep stock attention. Per-layer settings
+    come from ``config.layer_overrides``. The softmax scale is the module's own ``scaling``
+    unless ``config.scale`` is set.
+
+    Args:
+        model: a transformers Llama-family model (``LlamaForCausalLM``, ``MistralForCausalLM``,
+            ``Qwen2ForCausalLM``, …).
+        config: the LoLA configuration (default ``LoLAConfig()``).
+    """
+    config = LoLAConfig() if config is None else config
+    if not isinstance(config, LoLAConfig):
+        raise TypeError(f"config must be a lola.LoLAConfig, got {type(config).__name__}")
+    if getattr(model, "_lola", None) is not None:
+        raise ValueError("LoLA is already applied to this model; call remove_lola(model) first")
+    modules = attention_modules(model)
+    num_layers = len(modules)
+    bad = [i for i in config.full_attention_layers if i >= num_layers]
+    if bad:
+        raise ValueError(f"full_attention_layers {bad} out of range: the model has {num_layers} layers")
+    bad = [i for i in config.layer_overrides if i >= num_layers]
+    if bad:
+        raise ValueError(f"layer_overrides for layers {bad} out of range: the model has {num_layers} layers")
+    register_attention()
+    by_layer: dict[int, LoLAAttention] = {}
+    for module in modules:
+        i = module.layer_idx
+        if i in config.full_attention_layers:
+            continue
+        heads, kv_heads, head_dim = _geometry(module)
+        layer_cfg = config.for_layer(i)
+        if layer_cfg.scale is None and getattr(module, "scaling", None) is not None:
+            layer_cfg = layer_cfg.model_copy(update={"scale": float(module.scaling)})
+        weight = module.q_proj.weight
+        lola_attn = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads).to(weight.device)
+        module.lola = lola_attn
+        by_layer[i] = lola_attn
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTENTION_NAME)
+    model._lola = {
+        "config": config,
+        "previous_attn_implementation": previous,
+        "num_layers": num_layers,
+        "full_attention_layers": list(config.full_attention_layers),
+        "modules": by_layer,
+        "fingerprint": _fingerprint(model, config, num_layers),
+    }
+    return model
+
+
+def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`apply_lola`: drop the ``lola`` submodules and restore the attention implementation."""
+    info = getattr(model, "_lola", None)
+    if info is None:
+        raise ValueError("LoLA is not applied to this model")
+    for module in attention_modules(model):
+        if hasattr(module, "lola"):
+            del module.lola
+    model.set_attn_implementation(info["previous_attn_implementation"])
+    del model._lola
+    return model
+
+
+def _fingerprint(model: torch.nn.Module, config: LoLAConfig, num_layers: int) -> dict:
+    cfg = model.config
+    return {
+        "model_type": getattr(cfg, "model_type", type(model).__name__),
+        "name_or_path": str(getattr(cfg, "name_or_path", "") or getattr(cfg, "_name_or_path", "")),
+        "num_layers": num_layers,
+        "hidden_size": getattr(cfg, "hidden_size", None),
+        "num_attention_heads": getattr(cfg, "num_attention_heads", None),
+        "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
+        "vocab_size": getattr(cfg, "vocab_size", None),
+        "lola_config": config.model_dump(mode="json"),
+    }

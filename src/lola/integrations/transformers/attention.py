@@ -1,0 +1,100 @@
+"""The ``"lola"`` attention function and mask registered with transformers.
+
+transformers calls ``cache.update(k, v, layer_idx)`` right before the attention function of
+the same layer, and the attention function never sees the cache. A :class:`LoLACacheLayer`
+therefore announces itself in a context variable during ``update``; the attention function
+takes it from there, checking that the layer was updated with the very key tensor it receives
+(so a stale announcement, e.g. with ``use_cache=False``, is never used).
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lola.integrations.transformers.cache import LoLACacheLayer
+
+__all__ = ["ATTENTION_NAME", "lola_attention_forward", "register_attention", "segment_padding_mask"]
+
+ATTENTION_NAME = "lola"
+_ANNOUNCED: ContextVar["LoLACacheLayer | None"] = ContextVar("lola_announced_cache_layer", default=None)
+
+
+def announce(layer: "LoLACacheLayer") -> None:
+    """Called by :meth:`LoLACacheLayer.update`: the next LoLA attention call may use ``layer``."""
+    _ANNOUNCED.set(layer)
+
+
+def segment_padding_mask(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
+    """``[B, q_len]`` bool real-token mask of the current segment, from transformers' 4D mask.
+
+    The mask is ``[B, 1, q_len, kv_len]`` (True or 0.0 = may attend), the current segment being
+    its last ``q_len`` key columns; a token is real iff it may attend to itself (padding masks
+    key columns, so the diagonal carries it). ``None`` means no padding.
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 4:
+        raise ValueError(f"attention_mask must be [B, 1, q_len, kv_len], got shape {tuple(attention_mask.shape)}")
+    kv_len = attention_mask.shape[-1]
+    i = torch.arange(q_len, device=attention_mask.device)
+    diag = attention_mask[:, 0, i, kv_len - q_len + i]
+    return diag if diag.dtype == torch.bool else diag == 0
+
+
+def lola_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: LoLA for layers with a ``module.lola``, SDPA otherwise.
+
+    Args:
+        module: the model's attention module (``layer_idx``; ``lola`` = its
+            :class:`lola.LoLAAttention` when LoLA was applied to this layer).
+        query: ``[B, H, q_len, D]``; key, value: ``[B, H_kv, q_len, D]`` (the cache layer
+            returns only the new tokens).
+        attention_mask: ``[B, 1, q_len, kv_len]`` from the registered mask function, or ``None``.
+
+    Returns:
+        ``(attn_output [B, q_len, H, D], None)``.
+    """
+    lola_attn = getattr(module, "lola", None)
+    if lola_attn is None:  # a layer left as full attention
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if dropout:
+        raise ValueError("LoLA attention does not implement attention dropout; call model.eval() or set attention_dropout=0")
+    layer = _ANNOUNCED.get()
+    if layer is not None and layer.pending_key is not key:
+        layer = None  # announced for another call: this forward runs without a cache
+    state = None if layer is None else layer.state
+    q_len = query.shape[2]
+    o, state = lola_attn(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), state=state, padding_mask=segment_padding_mask(attention_mask, q_len)
+    )
+    if layer is not None:
+        layer.state = state
+        layer.pending_key = None
+        _ANNOUNCED.set(None)
+    return o, None
+
+
+def register_attention() -> None:
+    """Register the ``"lola"`` attention function and its mask function with transformers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, lola_attention_forward)
+    # Without a mask function of the same name transformers passes attention_mask=None,
+    # and left-padded batches would be silently wrong.
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)

@@ -1,0 +1,87 @@
+import json
+
+import pytest
+import torch
+
+import lola
+from lola.integrations.transformers import LoLACache, apply_lola
+from tests.integrations.transformers.conftest import left_padded, tiny
+from tests.oracles import assert_rel_close
+
+SMALL = lola.LoLAConfig(window=6, sparse_size=5, sinks=2, chunk=4)
+
+
+def test_generate_greedy_and_sampled_with_left_padding():
+    model = apply_lola(tiny("llama"), SMALL)
+    ids, mask = left_padded(length=25)
+    with torch.no_grad():
+        greedy = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, cache=LoLACache(model))
+        torch.manual_seed(0)
+        sampled = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=True, top_k=20, cache=LoLACache(model))
+        # greedy generation equals re-running the whole sequence without a cache, token by token
+        for row in range(ids.shape[0]):
+            keep = torch.cat([mask[row].bool(), torch.ones(12, dtype=torch.bool)])
+            seq = greedy[row, keep]
+            logits = model(seq[None, :-1], use_cache=False).logits
+            assert torch.equal(logits[0, -12:].argmax(-1), seq[-12:])
+    assert greedy.shape == sampled.shape == (3, 37)
+
+
+def test_beam_search_reorders_the_cache():
+    model = apply_lola(tiny("llama"), SMALL)
+    ids, mask = left_padded(batch=2, length=20)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=8, num_beams=3, do_sample=False, cache=LoLACache(model))
+    assert out.shape == (2, 28)
+
+
+def test_crop_is_refused_clearly():
+    model = apply_lola(tiny("llama"), SMALL)
+    cache = LoLACache(model)
+    with pytest.raises(NotImplementedError, match="cannot be cropped"):
+        cache.crop(3)
+
+
+def test_cache_bytes_stop_growing_during_a_long_generation():
+    model = apply_lola(tiny("llama", layers=1, hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16), lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8))
+    ids = torch.randint(0, 101, (1, 4))
+    cache = LoLACache(model)
+    sizes = []
+    with torch.no_grad():
+        logits = model(ids, cache=cache).logits
+        for _ in range(2000):
+            nxt = logits[:, -1:].argmax(-1)
+            logits = model(nxt, cache=cache).logits
+            sizes.append(cache.nbytes())
+    assert cache.get_seq_length() == 2004
+    assert len(set(sizes)) == 1 and sizes[0] > 0
+
+
+def test_save_and_resume_in_a_fresh_cache(tmp_path):
+    model = apply_lola(tiny("llama"), SMALL)
+    ids, mask = left_padded(length=40)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask, cache=LoLACache(model)).logits
+        cache = LoLACache(model)
+        model(ids[:, :27], attention_mask=mask[:, :27], cache=cache)
+        cache.save(tmp_path / "c")
+        restored = LoLACache.load(tmp_path / "c", model)
+        rest = model(ids[:, 27:], attention_mask=mask, cache=restored).logits
+    assert restored.get_seq_length() == 40
+    assert_rel_close(full[:, 27:], rest, 1e-5)
+
+
+def test_loading_a_cache_for_another_config_is_refused(tmp_path):
+    model = apply_lola(tiny("llama"), SMALL)
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(torch.randint(0, 101, (1, 10)), cache=cache)
+    cache.save(tmp_path / "c")
+    other = apply_lola(tiny("llama"), SMALL.model_copy(update={"window": 7}))
+    with pytest.raises(ValueError, match="another model or LoLA config"):
+        LoLACache.load(tmp_path / "c", other)
+    meta = json.loads((tmp_path / "c" / "cache.json").read_text())
+    meta["format"] = "something-else"
+    (tmp_path / "c" / "cache.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="does not hold a lola cache"):
+        LoLACache.load(tmp_path / "c", model)

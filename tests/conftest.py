@@ -6,6 +6,11 @@ import os
 
 import pytest
 import torch
+
+# Triton kernels run on CPU tensors through the interpreter; it must be switched on before
+# triton is first imported. On a CUDA machine the real kernels are tested instead.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -13,6 +18,9 @@ settings.register_profile("ci", deadline=None, suppress_health_check=[HealthChec
 # For mutation runs: report the first failing example without shrinking it.
 settings.register_profile("no_shrink", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# Tiny tensors: one thread avoids oversubscription slowdowns on small CI machines.
+torch.set_num_threads(1)
 
 _real_empty = torch.empty
 

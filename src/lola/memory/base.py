@@ -201,7 +201,12 @@ class ExactStore:
     def read(self, query: QueryBlock, keep_logits: bool = False) -> SoftmaxPartial:
         """Softmax partial of ``query`` over the stored slots it may see (see :func:`exact_logits`)."""
         block = self._require()
-        return partial_from_logits(exact_logits(query, block), block.v, keep_logits)
+        if keep_logits:
+            return partial_from_logits(exact_logits(query, block), block.v, keep_logits=True)
+        from lola.kernels import softmax_partial  # dispatches to Triton on CUDA
+
+        num, den, m = softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale)
+        return SoftmaxPartial(num, den, m)
 
     def observe_attention(self, weights: torch.Tensor) -> None:
         """Add attention mass ``weights [B, Hs, N]`` received by each slot (if tracked)."""

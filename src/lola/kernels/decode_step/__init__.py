@@ -1,0 +1,79 @@
+"""One LoLA decode step: exact attention over the cache + linear state, mixed."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..dispatch import implementation
+from ..utils import ShapeChecker, check_float, check_fp32, check_integer, check_same_device
+from .reference import MIXING_RULES, check_mixing, mix_partials
+
+
+def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
+    check_mixing(mixing)
+    c = ShapeChecker()
+    c.check("q", q, "B H D")
+    c.check("k", k, "B Hs N D")
+    c.check("v", v, "B Hs N D")
+    c.check("k_pos", k_pos, "B Hs N")
+    c.check("gate", gate, "H")
+    if c["Hs"] == 0 or c["H"] % c["Hs"] != 0:
+        raise ValueError(f"q heads H={c['H']} must be a multiple of k/v heads Hs={c['Hs']}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("gate", gate)):
+        check_float(name, t)
+    check_integer("k_pos", k_pos)
+    tensors = [("q", q), ("k", k), ("v", v), ("k_pos", k_pos), ("gate", gate)]
+    linear = (("fq", fq), ("H", H), ("s", s))
+    if mixing == "softmax_only" and all(t is None for _, t in linear):
+        pass  # the linear part is unused
+    else:
+        c.check("fq", fq, "B H F")
+        c.check("H", H, "B H F D")
+        c.check("s", s, "B H F")
+        check_float("fq", fq)
+        check_fp32("H", H)
+        check_fp32("s", s)
+        tensors += list(linear)
+    check_same_device(tensors)
+
+
+def decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pos: torch.Tensor,
+    fq: Optional[torch.Tensor],
+    H: Optional[torch.Tensor],
+    s: Optional[torch.Tensor],
+    gate: torch.Tensor,
+    mixing: str,
+    scale: float,
+) -> torch.Tensor:
+    """Attention output for one new query token per row.
+
+    Exact part: softmax partials of ``q`` over every non-empty cache slot (``k_pos >= 0``).
+    Linear part: ``L_num = fq^T H``, ``L_den = fq^T s``. Mixed by ``mixing`` (see
+    :func:`lola.kernels.decode_step.reference.mix_partials`); a zero denominator gives 0.
+
+    Args:
+        q: ``[B, H, D]`` query (fp32/fp16/bf16).
+        k, v: ``[B, Hs, N, D]`` cache keys / values, ``H % Hs == 0``.
+        k_pos: ``[B, Hs, N]`` int64 positions, ``-1`` = empty slot.
+        fq: ``[B, H, F]`` query features (None allowed for ``softmax_only``).
+        H: ``[B, H, F, D]`` fp32 linear state (None allowed for ``softmax_only``).
+        s: ``[B, H, F]`` fp32 normaliser state (None allowed for ``softmax_only``).
+        gate: ``[H]`` fp32 softmax weight ``w`` per head (already sigmoid-ed).
+        mixing: ``"lolcats" | "lolcats_affine" | "lola_authors" | "softmax_only"``.
+        scale: logit scale.
+
+    Returns:
+        ``o [B, H, D]`` fp32 (the caller casts).
+    """
+    check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing)
+    fn = implementation("decode_step", q, k, v)
+    return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale)
+
+
+__all__ = ["decode_step", "mix_partials", "MIXING_RULES", "check_inputs"]

@@ -1,0 +1,115 @@
+"""One decode step of LoLA attention: exact part + linear part, mixed. The definition.
+
+With ``m`` the max visible logit, ``E_num = sum e^{s_j - m} v_j``, ``E_den = sum e^{s_j - m}``
+(the softmax partials), ``L_num = fq^T H``, ``L_den = fq^T s`` and the per-head softmax
+weight ``w`` (already sigmoid-ed), the mixing rules are::
+
+    lolcats         o = (w E_num + L_num) / (w E_den + L_den)
+    lolcats_affine  o = (w E_num + (1-w) L_num) / (w E_den + (1-w) L_den)
+    lola_authors    o = (w e^m E_num + (1-w) L_num) / (w e^m E_den + (1-w) L_den)
+                        (numerator and denominator scaled by e^{-c}, c = max(m, 0), for stability)
+    softmax_only    o = E_num / E_den
+
+A zero denominator gives ``o = 0`` in every rule.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..softmax_partial.reference import softmax_partial
+
+MIXING_RULES = ("lolcats", "lolcats_affine", "lola_authors", "softmax_only")
+
+
+def check_mixing(mixing: str) -> int:
+    """Index of ``mixing`` in :data:`MIXING_RULES`; ValueError for anything else."""
+    if mixing not in MIXING_RULES:
+        raise ValueError(f"mixing must be one of {', '.join(MIXING_RULES)}; got {mixing!r}")
+    return MIXING_RULES.index(mixing)
+
+
+def safe_divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den[..., None]`` with 0 where ``den == 0`` (no NaN/inf, finite gradients)."""
+    zero = den == 0
+    out = num / torch.where(zero, torch.ones_like(den), den)[..., None]
+    return out.masked_fill(zero[..., None], 0.0)
+
+
+def mix_partials(
+    e_num: torch.Tensor,
+    e_den: torch.Tensor,
+    e_max: torch.Tensor,
+    l_num: torch.Tensor,
+    l_den: torch.Tensor,
+    gate: torch.Tensor,
+    mixing: str,
+) -> torch.Tensor:
+    """Mix exact softmax partials with linear-attention partials.
+
+    Args:
+        e_num: ``[B, H, L, D]`` softmax numerator, shifted by ``e^{-e_max}``.
+        e_den: ``[B, H, L]`` softmax denominator, same shift.
+        e_max: ``[B, H, L]`` max logit (``-inf`` when nothing was visible).
+        l_num: ``[B, H, L, D]`` linear numerator ``fq^T H``.
+        l_den: ``[B, H, L]`` linear denominator ``fq^T s``.
+        gate: ``[H]`` softmax weight ``w`` per head (already sigmoid-ed).
+        mixing: one of :data:`MIXING_RULES`.
+
+    Returns:
+        ``o [B, H, L, D]`` fp32.
+    """
+    check_mixing(mixing)
+    e_num, e_den, e_max = e_num.float(), e_den.float(), e_max.float()
+    w = gate.float().reshape(1, -1, 1)  # [1, H, 1]
+    if mixing == "softmax_only":
+        return safe_divide(e_num, e_den)
+    l_num, l_den = l_num.float(), l_den.float()
+    if mixing == "lolcats":
+        a, b = w, torch.ones_like(w)
+    elif mixing == "lolcats_affine":
+        a, b = w, 1 - w
+    else:  # lola_authors: unshifted softmax sums e^m E, both sides scaled by e^{-c}
+        c = e_max.clamp_min(0.0)  # -inf (nothing visible) -> 0
+        a = w * torch.exp(e_max - c)  # <= w; exactly 0 when nothing is visible
+        b = (1 - w) * torch.exp(-c)
+    num = a[..., None] * e_num + b[..., None] * l_num
+    den = a * e_den + b * l_den
+    return safe_divide(num, den)
+
+
+def decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pos: torch.Tensor,
+    fq: Optional[torch.Tensor],
+    H: Optional[torch.Tensor],
+    s: Optional[torch.Tensor],
+    gate: torch.Tensor,
+    mixing: str,
+    scale: float,
+) -> torch.Tensor:
+    """Reference decode step: :func:`softmax_partial` with one query + :func:`mix_partials`.
+
+    Args:
+        q: ``[B, H, D]``; k, v: ``[B, Hs, N, D]``; k_pos: ``[B, Hs, N]`` (-1 = empty slot,
+        every other slot visible); fq: ``[B, H, F]``; H: ``[B, H, F, D]`` fp32;
+        s: ``[B, H, F]`` fp32; gate: ``[H]`` fp32. fq/H/s may be None for ``softmax_only``.
+
+    Returns:
+        ``o [B, H, D]`` fp32.
+    """
+    check_mixing(mixing)
+    B = q.shape[0]
+    q_pos = torch.full((B, 1), torch.iinfo(torch.int64).max, dtype=torch.int64, device=q.device)
+    e_num, e_den, e_max = softmax_partial(q[:, :, None], k, v, q_pos, k_pos, scale)
+    if mixing == "softmax_only":
+        l_num, l_den = torch.zeros_like(e_num), torch.zeros_like(e_den)
+    else:
+        fq32 = fq.float()
+        l_num = torch.einsum("bhf,bhfd->bhd", fq32, H.float())[:, :, None]
+        l_den = (fq32 * s.float()).sum(-1)[:, :, None]
+    return mix_partials(e_num, e_den, e_max, l_num, l_den, gate, mixing)[:, :, 0]

@@ -1,0 +1,125 @@
+"""Choose between the Triton kernels and the pure-PyTorch references.
+
+The choice is read at *call time*, in this order:
+
+1. the innermost active :func:`use_backend` context (per thread), else
+2. the ``LOLA_KERNELS`` environment variable, else ``"auto"``.
+
+``auto``      Triton when every input is a CUDA tensor and triton imports, else the reference.
+``triton``    always Triton. CPU tensors only work under ``TRITON_INTERPRET=1`` (set before
+              triton is first imported); a missing triton raises ``RuntimeError``.
+``reference`` always the pure-PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import threading
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from .utils import is_interpreting
+
+ENV_VAR = "LOLA_KERNELS"
+BACKENDS = ("auto", "triton", "reference")
+
+_local = threading.local()
+
+
+def _validate(name: str, source: str) -> str:
+    value = str(name).strip().lower()
+    if value not in BACKENDS:
+        raise ValueError(f"{source} must be one of {', '.join(BACKENDS)}; got {name!r}")
+    return value
+
+
+def requested_backend() -> str:
+    """The requested backend name: ``"auto"``, ``"triton"`` or ``"reference"``."""
+    stack = getattr(_local, "stack", None)
+    if stack:
+        return stack[-1]
+    return _validate(os.environ.get(ENV_VAR, "auto") or "auto", ENV_VAR)
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Override ``LOLA_KERNELS`` for the current thread inside a ``with`` block."""
+    value = _validate(name, f"use_backend() (like {ENV_VAR})")
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(value)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+@functools.lru_cache(maxsize=None)
+def _import_triton_error() -> Optional[str]:
+    """None if triton (and, under the interpreter, numpy) imports; else the error text."""
+    try:
+        importlib.import_module("triton")
+        if is_interpreting():
+            importlib.import_module("numpy")  # the interpreter runs on numpy
+    except Exception as e:  # ImportError, or a broken install raising anything else
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def triton_available() -> bool:
+    return _import_triton_error() is None
+
+
+def _devices(tensors) -> list:
+    out = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            out.append(t.device)
+        elif isinstance(t, (torch.device, str)):
+            out.append(torch.device(t))
+    if not out:
+        out.append(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return out
+
+
+def backend(*tensors) -> str:
+    """The implementation (``"triton"`` or ``"reference"``) an op would use for these inputs.
+
+    Accepts tensors or devices; with none, assumes CUDA if available else CPU.
+    Raises like the ops do when ``triton`` is forced but cannot run.
+    """
+    requested = requested_backend()
+    devices = _devices(tensors)
+    all_cuda = all(d.type == "cuda" for d in devices)
+    if requested == "reference":
+        return "reference"
+    if requested == "auto":
+        return "triton" if all_cuda and triton_available() else "reference"
+    # forced triton
+    err = _import_triton_error()
+    if err is not None:
+        raise RuntimeError(
+            f"{ENV_VAR}=triton but triton cannot be imported ({err}); "
+            f"install triton or use {ENV_VAR}=reference"
+        )
+    if not all_cuda and not is_interpreting():
+        raise RuntimeError(
+            f"{ENV_VAR}=triton on {devices[0].type} tensors needs the Triton interpreter: "
+            "set TRITON_INTERPRET=1 before triton is first imported, or move the inputs to CUDA"
+        )
+    return "triton"
+
+
+def implementation(op: str, *tensors) -> Callable:
+    """The function implementing ``op`` (a subpackage name) for these inputs."""
+    name = backend(*tensors)
+    try:
+        module = importlib.import_module(f"{__package__}.{op}.{name}")
+    except ImportError as e:  # e.g. the jit decorator failing to set up the interpreter
+        raise RuntimeError(f"cannot load the {name} implementation of {op}: {e}") from e
+    return getattr(module, op)

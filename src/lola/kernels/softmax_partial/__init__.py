@@ -1,0 +1,59 @@
+"""Masked softmax-attention partials (numerator, denominator, running max)."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from ..dispatch import implementation
+from ..utils import ShapeChecker, check_float, check_integer, check_same_device
+
+
+def check_inputs(q, k, v, q_pos, k_pos) -> None:
+    c = ShapeChecker()
+    c.check("q", q, "B H L D")
+    c.check("k", k, "B Hs N D")
+    c.check("v", v, "B Hs N D")
+    c.check("q_pos", q_pos, "B L")
+    c.check("k_pos", k_pos, "B Hs N")
+    if c["Hs"] == 0 or c["H"] % c["Hs"] != 0:
+        raise ValueError(f"q heads H={c['H']} must be a multiple of k/v heads Hs={c['Hs']}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(name, t)
+    check_integer("q_pos", q_pos)
+    check_integer("k_pos", k_pos)
+    check_same_device([("q", q), ("k", k), ("v", v), ("q_pos", q_pos), ("k_pos", k_pos)])
+
+
+def softmax_partial(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact-attention partials over a (sparse, possibly partly empty) key cache.
+
+    Query head ``h`` uses k/v head ``h // (H // Hs)``. Key ``j`` is visible to query ``i``
+    iff ``k_pos[j] >= 0 and k_pos[j] <= q_pos[i]``. With ``s_ij = scale * q_i . k_j`` (fp32)
+    and ``m_i`` the max visible ``s_ij``: ``num_i = sum exp(s_ij - m_i) v_j``,
+    ``den_i = sum exp(s_ij - m_i)``. Nothing visible gives ``num = 0, den = 0, max = -inf``.
+
+    Args:
+        q: ``[B, H, L, D]`` queries (fp32/fp16/bf16).
+        k, v: ``[B, Hs, N, D]`` keys and values.
+        q_pos: ``[B, L]`` int64 positions of the queries.
+        k_pos: ``[B, Hs, N]`` int64 positions of the keys, ``-1`` = empty slot.
+        scale: logit scale (e.g. ``D ** -0.5``).
+
+    Returns:
+        ``(num [B, H, L, D], den [B, H, L], max [B, H, L])``, all fp32.
+    """
+    check_inputs(q, k, v, q_pos, k_pos)
+    fn = implementation("softmax_partial", q, k, v)
+    return fn(q, k, v, q_pos, k_pos, scale)
+
+
+__all__ = ["softmax_partial", "check_inputs"]

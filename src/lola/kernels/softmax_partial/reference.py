@@ -1,0 +1,61 @@
+"""Masked softmax attention *partials* (numerator, denominator, max): the definition.
+
+Query head ``h`` reads key/value head ``h // (H // Hs)`` (grouped-query attention).
+Key ``j`` is visible to query ``i`` iff ``k_pos[j] >= 0`` and ``k_pos[j] <= q_pos[i]``
+(``-1`` marks an empty cache slot). With ``s_ij = scale * q_i . k_j`` in fp32::
+
+    m_i   = max_{j visible} s_ij                        (-inf if nothing is visible)
+    den_i = sum_{j visible} exp(s_ij - m_i)             (0 if nothing is visible)
+    num_i = sum_{j visible} exp(s_ij - m_i) v_j         (0 if nothing is visible)
+
+Partials from disjoint key sets combine exactly (flash-decoding style), which is how
+the exact (sparse cache / window) part is mixed with the linear part.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+
+def softmax_partial(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference softmax partials (materialises the ``[B, H, L, N]`` scores).
+
+    Args:
+        q: ``[B, H, L, D]`` queries.
+        k, v: ``[B, Hs, N, D]`` keys / values, ``H % Hs == 0``.
+        q_pos: ``[B, L]`` int64 query positions.
+        k_pos: ``[B, Hs, N]`` int64 key positions, ``-1`` = empty slot.
+        scale: logit scale.
+
+    Returns:
+        ``num [B, H, L, D]``, ``den [B, H, L]``, ``max [B, H, L]``, all fp32.
+    """
+    B, H, L, D = q.shape
+    Hs, N = k.shape[1], k.shape[2]
+    G = H // Hs
+    qf = q.float().reshape(B, Hs, G, L, D)
+    kf = k.float()[:, :, None]  # [B, Hs, 1, N, D]: shared by the G query heads of a group
+    vf = v.float()[:, :, None]
+    s = scale * (qf @ kf.transpose(-1, -2))  # [B, Hs, G, L, N]
+    kp = k_pos[:, :, None, None, :]
+    visible = (kp >= 0) & (kp <= q_pos[:, None, None, :, None])
+    s = s.masked_fill(~visible, float("-inf"))
+    if N > 0:
+        m = s.amax(-1)
+    else:
+        m = s.new_full((B, Hs, G, L), float("-inf"))
+    # Rows with nothing visible keep m = -inf but shift by 0, so exp(-inf) = 0, not NaN.
+    m_shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    p = torch.exp(s - m_shift[..., None])
+    num = p @ vf
+    den = p.sum(-1)
+    return num.reshape(B, H, L, D), den.reshape(B, H, L), m.reshape(B, H, L)

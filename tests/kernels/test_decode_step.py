@@ -1,0 +1,189 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lola.kernels as K
+from lola.kernels.decode_step import reference as ref
+
+from .helpers import DTYPES, assert_close_rel, tolerance, triton_impl
+
+RULES = ref.MIXING_RULES
+
+
+def make_inputs(B, H, Hs, N, D, F, dtype=torch.float32, device="cpu", empty_frac=0.25, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, D, generator=g)
+    k = torch.randn(B, Hs, N, D, generator=g)
+    v = torch.randn(B, Hs, N, D, generator=g)
+    k_pos = torch.arange(N).repeat(B, Hs, 1)
+    k_pos[torch.rand(B, Hs, N, generator=g) < empty_frac] = -1
+    fq = torch.rand(B, H, F, generator=g) / F
+    Hst = torch.randn(B, H, F, D, generator=g)
+    s = torch.rand(B, H, F, generator=g) + 0.5
+    gate = torch.rand(H, generator=g)
+    dev = dict(device=device)
+    return dict(
+        q=q.to(dtype=dtype, **dev), k=k.to(dtype=dtype, **dev), v=v.to(dtype=dtype, **dev),
+        k_pos=k_pos.to(**dev), fq=fq.to(dtype=dtype, **dev), H=Hst.to(**dev), s=s.to(**dev),
+        gate=gate.to(**dev),
+    )
+
+
+def explicit_decode(x, mixing, scale):
+    """Independent float64 oracle from the unshifted definitions (moderate logits only)."""
+    q, k, v, k_pos = x["q"].double(), x["k"].double(), x["v"].double(), x["k_pos"]
+    G = q.shape[1] // k.shape[1]
+    k, v, k_pos = (t.repeat_interleave(G, dim=1) for t in (k, v, k_pos))
+    logits = scale * torch.einsum("bhd,bhnd->bhn", q, k)
+    p = torch.exp(logits) * (k_pos >= 0)  # unshifted
+    S_num, S_den = torch.einsum("bhn,bhnd->bhd", p, v), p.sum(-1)
+    masked = torch.cat([logits.masked_fill(k_pos < 0, -math.inf), logits.new_full((*logits.shape[:-1], 1), -math.inf)], -1)
+    m = masked.amax(-1)  # the extra -inf column keeps amax defined when N = 0
+    shift = torch.exp(-torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    E_num, E_den = S_num * shift[..., None], S_den * shift  # shifted partials
+    fq = x["fq"].double()
+    L_num = torch.einsum("bhf,bhfd->bhd", fq, x["H"].double())
+    L_den = (fq * x["s"].double()).sum(-1)
+    w = x["gate"].double()[None, :]
+    if mixing == "lolcats":
+        num, den = w[..., None] * E_num + L_num, w * E_den + L_den
+    elif mixing == "lolcats_affine":
+        num, den = w[..., None] * E_num + (1 - w[..., None]) * L_num, w * E_den + (1 - w) * L_den
+    elif mixing == "lola_authors":
+        num, den = w[..., None] * S_num + (1 - w[..., None]) * L_num, w * S_den + (1 - w) * L_den
+    else:
+        num, den = E_num, E_den
+    out = num / den[..., None]
+    return torch.where(den[..., None] == 0, torch.zeros_like(out), out)
+
+
+@pytest.mark.parametrize("mixing", RULES)
+@pytest.mark.parametrize("N", [1, 65])
+def test_reference_matches_explicit(mixing, N):
+    x = make_inputs(2, 4, 2, N, 16, 8)
+    o = ref.decode_step(**x, mixing=mixing, scale=0.25)
+    assert o.dtype == torch.float32 and o.shape == (2, 4, 16)
+    assert_close_rel(explicit_decode(x, mixing, 0.25), o, 1e-5)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    mixing=st.sampled_from(RULES),
+    N=st.integers(0, 40),
+    G=st.integers(1, 3),
+    empty=st.floats(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_property_reference_matches_explicit(mixing, N, G, empty, seed):
+    x = make_inputs(1, 2 * G, 2, N, 8, 4, empty_frac=empty, seed=seed)
+    assert_close_rel(explicit_decode(x, mixing, 0.3), ref.decode_step(**x, mixing=mixing, scale=0.3), 1e-5)
+
+
+def partials(B=1, H=2, L=1, D=4, e_max=0.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        e_num=torch.randn(B, H, L, D, generator=g),
+        e_den=torch.rand(B, H, L, generator=g) + 1,
+        e_max=torch.full((B, H, L), float(e_max)),
+        l_num=torch.randn(B, H, L, D, generator=g),
+        l_den=torch.rand(B, H, L, generator=g) + 1,
+        gate=torch.rand(H, generator=g),
+    )
+
+
+@pytest.mark.parametrize("mixing", RULES)
+def test_mix_zero_denominator_gives_zero(mixing):
+    p = partials()
+    p["e_den"].zero_()
+    p["e_num"].zero_()
+    p["e_max"].fill_(-math.inf)  # nothing visible
+    p["l_den"].zero_()
+    o = ref.mix_partials(**p, mixing=mixing)
+    assert torch.equal(o, torch.zeros_like(o))
+
+
+def test_mix_nothing_visible_uses_linear_part():
+    p = partials()
+    p["e_num"].zero_(), p["e_den"].zero_(), p["e_max"].fill_(-math.inf)
+    expected = p["l_num"] / p["l_den"][..., None]
+    for mixing in ("lolcats", "lolcats_affine", "lola_authors"):
+        assert_close_rel(expected, ref.mix_partials(**p, mixing=mixing), 1e-6, mixing)
+
+
+@pytest.mark.parametrize("m", [1e3, 1e4, -1e4])
+def test_mix_lola_authors_is_stable_for_huge_max(m):
+    p = partials(e_max=m)
+    o = ref.mix_partials(**p, mixing="lola_authors")
+    assert torch.isfinite(o).all()
+    if m > 0:  # e^m swamps the linear part: pure softmax
+        assert_close_rel(p["e_num"] / p["e_den"][..., None], o, 1e-6)
+    else:  # e^m vanishes: pure linear
+        assert_close_rel(p["l_num"] / p["l_den"][..., None], o, 1e-6)
+
+
+def test_mix_rejects_unknown_rule():
+    with pytest.raises(ValueError, match="mixing must be one of lolcats, lolcats_affine"):
+        ref.mix_partials(**partials(), mixing="nope")
+
+
+# ---------------------------------------------------------------- triton vs reference
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mixing", RULES)
+@pytest.mark.parametrize("N", [1, 63, 65, 200])
+@pytest.mark.parametrize("D,F", [(60, 64), (64, 128)])
+def test_triton_matches_reference(triton_device, dtype, mixing, N, D, F):
+    x = make_inputs(2, 4, 2, N, D, F, dtype, triton_device)
+    expected = ref.decode_step(**x, mixing=mixing, scale=D**-0.5)
+    o = triton_impl("decode_step")(**x, mixing=mixing, scale=D**-0.5)
+    assert o.dtype == torch.float32 and o.shape == expected.shape
+    assert_close_rel(expected, o, tolerance(dtype))
+
+
+@pytest.mark.parametrize("mixing", RULES)
+def test_triton_empty_cache_and_huge_logits(triton_device, mixing):
+    x = make_inputs(2, 3, 1, 70, 16, 8, device=triton_device, empty_frac=0.0)
+    x["k_pos"][0] = -1  # batch row 0: empty cache
+    x["q"] = x["q"] * 2000.0  # batch row 1: logits ~1e4
+    expected = ref.decode_step(**x, mixing=mixing, scale=0.25)
+    o = triton_impl("decode_step")(**x, mixing=mixing, scale=0.25)
+    assert torch.isfinite(o).all()
+    if mixing == "softmax_only":
+        assert (o[0] == 0).all()
+    assert_close_rel(expected, o, 1e-3)
+
+
+def test_triton_softmax_only_without_linear_state(triton_device):
+    x = make_inputs(1, 2, 2, 20, 16, 8, device=triton_device)
+    x.update(fq=None, H=None, s=None)
+    expected = ref.decode_step(**x, mixing="softmax_only", scale=0.25)
+    with K.use_backend("triton"):
+        o = K.decode_step(**x, mixing="softmax_only", scale=0.25)
+    assert_close_rel(expected, o, 1e-5)
+
+
+def test_public_op_on_triton(triton_device):
+    x = make_inputs(2, 4, 1, 33, 32, 16, torch.bfloat16, triton_device)
+    with K.use_backend("triton"):
+        o = K.decode_step(**x, mixing="lola_authors", scale=0.2)
+    with K.use_backend("reference"):
+        expected = K.decode_step(**x, mixing="lola_authors", scale=0.2)
+    assert_close_rel(expected, o, 5e-3)
+
+
+def test_validation_messages():
+    x = make_inputs(1, 2, 1, 5, 8, 4)
+    with pytest.raises(ValueError, match=r"gate must be \[H\] with H=2"):
+        K.decode_step(**{**x, "gate": torch.rand(3)}, mixing="lolcats", scale=1.0)
+    with pytest.raises(ValueError, match=r"H must be float32"):
+        K.decode_step(**{**x, "H": x["H"].half()}, mixing="lolcats", scale=1.0)
+    with pytest.raises(ValueError, match=r"fq must be a tensor of shape \[B, H, F\]"):
+        K.decode_step(**{**x, "fq": None}, mixing="lolcats", scale=1.0)
+    with pytest.raises(ValueError, match=r"mixing must be one of"):
+        K.decode_step(**x, mixing="softmax", scale=1.0)
+    with pytest.raises(ValueError, match=r"k_pos must be an integer"):
+        K.decode_step(**{**x, "k_pos": x["k_pos"].float()}, mixing="lolcats", scale=1.0)

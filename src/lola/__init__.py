@@ -9,7 +9,7 @@ Quick use::
     o2, state = attn(q2, k2, v2, state=state)
 """
 
-from lola import memory, policies, schedules
+from lola import memory, models, policies, schedules
 from lola.composer import LoLAMemory
 from lola.config import LoLAConfig
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial
@@ -28,6 +28,7 @@ __all__ = [
     "compose",
     "memory",
     "memory_from_config",
+    "models",
     "policies",
     "schedules",
 ]

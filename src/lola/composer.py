@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
-from lola.memory.base import KVBlock, QueryBlock
+from lola.memory.base import ExactStore, KVBlock, QueryBlock
 from lola.memory.linear_state import LinearState
 from lola.memory.sinks import SinkTokens
 from lola.memory.sparse import SparseCache
@@ -184,8 +184,9 @@ class LoLAMemory:
         device = q.device
         n_real = valid.sum(dim=1)
         # Pack each row's real tokens to the left, in order; rows then run independent schedules.
-        order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)
-        qp, fqp, kp, vp = (_take(x, order) for x in (q, fq, k, v))
+        packed = not bool(valid.all())
+        order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True) if packed else None
+        qp, fqp, kp, vp = (_take(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
 
         # One scratch slot past the end receives the writes of inactive block entries.
         out_e = SoftmaxPartial.empty(b, h, t + 1, d, device)
@@ -201,7 +202,8 @@ class LoLAMemory:
             active = j[None, :] < length[:, None]  # [B, L]
             idx = (offset[:, None] + j).clamp(max=t - 1)
             pos = torch.where(active, self.seen[:, None] + j, -1)
-            q_c, fq_c, k_c, v_c = (_take(x, idx) for x in (qp, fqp, kp, vp))
+            whole = not packed and L == t and bool(active.all())  # one block covers the segment
+            q_c, fq_c, k_c, v_c = (qp, fqp, kp, vp) if whole else (_take(x, idx) for x in (qp, fqp, kp, vp))
 
             taken = self.sinks.write(k_c, v_c, pos)
             self.window.append(k_c, v_c, torch.where(taken, -1, pos))
@@ -230,10 +232,14 @@ class LoLAMemory:
                     torch.where(sel[:, None, :], l1.den, linear.den),
                 )
 
+            if whole:
+                return exact, linear  # e.g. a decode token: nothing to scatter back
             _scatter_into(out_e, out_l, exact, linear, torch.where(active, idx, t))
             offset = offset + length
             remaining = remaining - length
 
+        if not packed:
+            return SoftmaxPartial(out_e.num[:, :, :t], out_e.den[:, :, :t], out_e.max[:, :, :t]), LinearPartial(out_l.num[:, :, :t], out_l.den[:, :, :t])
         # Unpack to the caller's token order (padding keeps the empty partial).
         inverse = torch.argsort(order, dim=1)
         out_e = SoftmaxPartial(*(_take(x, inverse) for x in (out_e.num, out_e.den, out_e.max)))
@@ -241,7 +247,16 @@ class LoLAMemory:
         return out_e, out_l
 
     def _read(self, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, LinearPartial, list[SoftmaxPartial]]:
-        parts = [m.read(query, keep_logits) for m in self.exact_memories]
+        mems = self.exact_memories
+        if not keep_logits and all(type(m).read is ExactStore.read for m in mems):
+            # Stock slot stores: one kernel call over their concatenated slots (the merge of the
+            # per-memory partials, computed at once).
+            from lola.kernels import softmax_partial
+
+            block = KVBlock.cat([m.block for m in mems if m.capacity])
+            exact = SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale))
+            return exact, self.linear.read(query), []
+        parts = [m.read(query, keep_logits) for m in mems]
         return merge_softmax_partials(parts), self.linear.read(query), parts
 
     def _observe(self, parts: list[SoftmaxPartial], exact: SoftmaxPartial, counted: torch.Tensor) -> None:

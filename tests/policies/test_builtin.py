@@ -82,3 +82,21 @@ def test_attention_magnitude_accumulates_attention_received():
     got = {int(pos): float(a) for pos, a in zip(blk.pos[0, 0], blk.acc[0, 0]) if pos >= 0}
     for j in range(6):
         assert abs(got[j] - float(expected[j])) < 1e-5
+
+
+def test_attention_mass_is_counted_once_per_query_across_steps():
+    # Nothing reaches the linear state (budget >= T) but steps move tokens window -> sparse:
+    # each query spreads a mass of 1 per query head over its exact set, so the tallies sum
+    # to T x (query heads per storage head), whether a step fell on the query or not.
+    torch.manual_seed(1)
+    cfg = lola.LoLAConfig(window=3, sparse_size=20, sinks=1, chunk=2, policy="attention")
+    attn = lola.compose(cfg, num_heads=4, head_dim=4, num_kv_heads=2)
+    t = 17
+    q, k, v = torch.randn(1, t, 4, 4), torch.randn(1, t, 2, 4), torch.randn(1, t, 2, 4)
+    for split in ([t], [1] * t, [5, 1, 1, 10]):
+        state, start = None, 0
+        for n in split:
+            _, state = attn(q[:, start : start + n], k[:, start : start + n], v[:, start : start + n], state=state)
+            start += n
+        total = sum(float(m.block.acc[m.block.pos >= 0].sum()) for m in state.exact_memories if m.capacity)
+        assert abs(total - t * 2 * 2) < 1e-4, split

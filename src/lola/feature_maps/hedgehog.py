@@ -25,10 +25,16 @@ class HedgehogMLP(nn.Module):
             weight = torch.empty(num_heads, head_dim, feature_dim)
             nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
         self.layer = nn.Parameter(weight)
+        self.bias: nn.Parameter | None = None
+
+    def set_bias(self, bias: torch.Tensor) -> None:
+        """Add (or replace) a bias broadcast over ``[B, H, N, f]`` (LoLCATs trains ``[1, H, 1, 1]``)."""
+        self.bias = nn.Parameter(bias.detach().to(self.layer.device, self.layer.dtype).clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x: [B, H, N, D] -> [B, H, N, f]`` (float32)."""
-        return torch.einsum("bhnd,hdf->bhnf", x.float(), self.layer.float())
+        z = torch.einsum("bhnd,hdf->bhnf", x.float(), self.layer.float())
+        return z if self.bias is None else z + self.bias.float()
 
 
 class HedgehogFeatureMap(FeatureMap):

@@ -10,5 +10,6 @@
 from lola.integrations.transformers.apply import apply_lola, attention_modules, remove_lola
 from lola.integrations.transformers.attention import lola_attention_forward, register_attention
 from lola.integrations.transformers.cache import LoLACache, LoLACacheLayer
+from lola.integrations.transformers.lolcats import load_lolcats_checkpoint
 
-__all__ = ["LoLACache", "LoLACacheLayer", "apply_lola", "attention_modules", "lola_attention_forward", "register_attention", "remove_lola"]
+__all__ = ["LoLACache", "LoLACacheLayer", "apply_lola", "attention_modules", "load_lolcats_checkpoint", "lola_attention_forward", "register_attention", "remove_lola"]

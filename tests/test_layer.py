@@ -177,3 +177,25 @@ def test_gradients_reach_feature_maps_and_window_factors():
     o.square().mean().backward()
     for name, p in attn.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("storage", ["kv_head", "query_head"])
+def test_per_head_budgets_equal_separate_heads(storage):
+    # Two heads with their own window and sparse sizes behave exactly like two one-head layers.
+    windows, sparses = [3, 7], [5, 2]
+    common = dict(sinks=1, chunk=3, policy="sre", gqa_storage=storage)
+    both = lola.compose(lola.LoLAConfig(window_per_head=windows, sparse_size_per_head=sparses, **common), num_heads=2, head_dim=8)
+    q, k, v = inputs(b=2, t=40, h=2, h_kv=2)
+    o, state = both(q, k, v)
+    for h in range(2):
+        one = lola.compose(lola.LoLAConfig(window=windows[h], sparse_size=sparses[h], **common), num_heads=1, head_dim=8)
+        o_h, s_h = one(q[:, :, h : h + 1], k[:, :, h : h + 1], v[:, :, h : h + 1])
+        assert_rel_close(o_h[:, :, 0], o[:, :, h], 1e-5, f"head {h}")
+        assert int((state.sparse.block.pos[:, h] >= 0).sum()) == int((s_h.sparse.block.pos >= 0).sum())
+
+
+def test_per_head_sizes_must_match_the_storage_heads():
+    with pytest.raises(ValueError, match="window_per_head"):
+        lola.compose(lola.LoLAConfig(window_per_head=[1, 2, 3]), num_heads=4, head_dim=8, num_kv_heads=2)
+    with pytest.raises(ValueError, match="sparse_size_per_head"):
+        lola.compose(lola.LoLAConfig(sparse_size_per_head=[1, 2], gqa_storage="query_head"), num_heads=4, head_dim=8, num_kv_heads=2)

@@ -89,9 +89,9 @@ class LoLAMemory:
         """What a state must match to be used by a layer (capacities, policy, schedule, storage)."""
         return {
             "sinks": self.sinks.capacity,
-            "window": self.window.size,
+            "window": repr(self.window),
             "max_pending": self.window.max_pending,
-            "sparse": self.sparse.capacity,
+            "sparse": repr(self.sparse),
             "policy": repr(self.policy),
             "schedule": repr(self.schedule),
             "storage": self.storage,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -42,6 +42,9 @@ class LoLAConfig(BaseModel):
             mean) or once per query head (``"query_head"``: ``H/H_kv`` times the exact-memory
             bytes, an independent selection per query head).
         check_inputs: validate tensors on every call (shapes, dtypes, devices, finiteness).
+        window_per_head: one window size per storage head (K/V heads with ``gqa_storage=
+            "kv_head"``, query heads otherwise), replacing ``window``.
+        sparse_size_per_head: one sparse-cache size per storage head, replacing ``sparse_size``.
         layer_overrides: per-layer changes for whole models, as a mapping ``{layer: {field:
             value}}`` or a list with one mapping per layer (e.g. a larger window in layer 0).
         full_attention_layers: layers left as stock full attention by
@@ -65,6 +68,8 @@ class LoLAConfig(BaseModel):
     scale: float | None = Field(None, gt=0)
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
     check_inputs: bool = True
+    window_per_head: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+    sparse_size_per_head: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
     layer_overrides: dict[int, dict[str, Any]] = Field(default_factory=dict)
     full_attention_layers: list[int] = Field(default_factory=list)
 
@@ -116,5 +121,8 @@ class LoLAConfig(BaseModel):
 
     @property
     def exact_budget(self) -> int:
-        """``sinks + window + sparse_size``: exact tokens held after each step."""
-        return self.sinks + self.window + self.sparse_size
+        """``sinks + window + sparse_size``: exact tokens held after each step (the largest head's
+        sizes when per-head sizes are given)."""
+        window = max(self.window_per_head) if self.window_per_head else self.window
+        sparse = max(self.sparse_size_per_head) if self.sparse_size_per_head else self.sparse_size
+        return self.sinks + window + sparse

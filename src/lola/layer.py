@@ -195,8 +195,8 @@ def memory_from_config(cfg: LoLAConfig) -> LoLAMemory:
     schedule = Tokenwise() if cfg.schedule == "tokenwise" else Chunkwise(cfg.chunk)
     return LoLAMemory(
         sinks=SinkTokens(cfg.sinks),
-        window=SlidingWindow(cfg.window, max_pending=schedule.period),
-        sparse=SparseCache(cfg.sparse_size),
+        window=SlidingWindow(cfg.window_per_head or cfg.window, max_pending=schedule.period),
+        sparse=SparseCache(cfg.sparse_size_per_head or cfg.sparse_size),
         linear=LinearState(),
         policy=build_policy(cfg.policy, **cfg.policy_kwargs),
         schedule=schedule,
@@ -221,6 +221,11 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
     """
     if not isinstance(cfg, LoLAConfig):
         raise TypeError(f"cfg must be a LoLAConfig, got {type(cfg).__name__}")
+    storage = (num_kv_heads or num_heads) if cfg.gqa_storage == "kv_head" else num_heads
+    for field in ("window_per_head", "sparse_size_per_head"):
+        sizes = getattr(cfg, field)
+        if sizes is not None and len(sizes) != storage:
+            raise ValueError(f"{field} must give one size per storage head ({storage} with gqa_storage={cfg.gqa_storage!r}), got {len(sizes)}")
     return LoLAAttention(
         num_heads,
         head_dim,

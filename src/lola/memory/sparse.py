@@ -16,10 +16,21 @@ class SparseCache(ExactStore):
     older than any query that reads it.
 
     Args:
-        size: ``λ``, the number of slots per (row, storage head).
+        size: ``λ``, the number of slots per (row, storage head); or one size per storage head
+            (a list), the storage then being sized for the largest.
     """
 
     name = "sparse"
+
+    def __init__(self, size: int | list[int]) -> None:
+        sizes = [int(x) for x in size] if isinstance(size, (list, tuple)) else [int(size)]
+        if not sizes or min(sizes) < 0:
+            raise ValueError(f"sparse cache size must be >= 0 (or a non-empty list of such), got {size}")
+        super().__init__(max(sizes))
+        self.head_sizes = sizes if isinstance(size, (list, tuple)) else None
+
+    def __repr__(self) -> str:
+        return f"SparseCache({self.head_sizes if self.head_sizes else self.capacity})"
 
     def select(self, candidates: KVBlock, scores: torch.Tensor, rows: torch.Tensor) -> KVBlock:
         """Keep the top-``size`` candidates by score; return the rest.
@@ -38,9 +49,15 @@ class SparseCache(ExactStore):
         scores = torch.where(valid, scores.float(), float("-inf"))
         keep = torch.zeros_like(valid)
         if self.capacity > 0:
-            top = scores.topk(self.capacity, dim=-1, sorted=False).indices  # [B, Hs, λ]
-            keep.scatter_(-1, top, True)
-            chosen = candidates.gather(top).masked(valid.gather(-1, top))
+            if self.head_sizes and len(self.head_sizes) != scores.shape[1]:
+                raise ValueError(f"sparse cache has {len(self.head_sizes)} per-head sizes for {scores.shape[1]} storage heads")
+            top = scores.topk(self.capacity, dim=-1, sorted=bool(self.head_sizes)).indices  # [B, Hs, λ]
+            picked = valid.gather(-1, top)
+            if self.head_sizes:  # head h keeps only its best head_sizes[h]
+                rank = torch.arange(self.capacity, device=top.device)
+                picked = picked & (rank < torch.tensor(self.head_sizes, device=top.device).view(-1, 1))
+            keep.scatter_(-1, top, picked)
+            chosen = candidates.gather(top).masked(picked)
             row = rows[:, None, None]
             self.block = KVBlock(
                 torch.where(row[..., None], chosen.k, block.k),

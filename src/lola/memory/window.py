@@ -18,19 +18,22 @@ class SlidingWindow(ExactStore):
     empty ones first, so the oldest tokens are always on the left.
 
     Args:
-        size: ``η``, tokens kept after each step.
+        size: ``η``, tokens kept after each step; or one size per storage head (a list),
+            the storage then being sized for the largest.
         max_pending: most tokens that can arrive between two steps (the schedule's period).
     """
 
     name = "window"
 
-    def __init__(self, size: int, max_pending: int = 1) -> None:
-        if size < 0:
-            raise ValueError(f"window size must be >= 0, got {size}")
+    def __init__(self, size: int | list[int], max_pending: int = 1) -> None:
+        sizes = [int(x) for x in size] if isinstance(size, (list, tuple)) else [int(size)]
+        if not sizes or min(sizes) < 0:
+            raise ValueError(f"window size must be >= 0 (or a non-empty list of such), got {size}")
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-        super().__init__(size + max_pending)
-        self.size = int(size)
+        super().__init__(max(sizes) + max_pending)
+        self.size = size if isinstance(size, int) else max(sizes)
+        self.head_sizes = sizes if isinstance(size, (list, tuple)) else None
         self.max_pending = int(max_pending)
 
     def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
@@ -70,11 +73,15 @@ class SlidingWindow(ExactStore):
         """
         block = self._require()
         slot = torch.arange(self.capacity, device=block.pos.device)
-        leaving = block.valid & (slot < self.capacity - self.size) & rows[:, None, None]
+        keep = torch.tensor(self.head_sizes, device=slot.device).view(-1, 1) if self.head_sizes else self.size
+        if self.head_sizes and len(self.head_sizes) != block.pos.shape[1]:
+            raise ValueError(f"window has {len(self.head_sizes)} per-head sizes for {block.pos.shape[1]} storage heads")
+        leaving = block.valid & (slot < self.capacity - keep) & rows[:, None, None]
         out = KVBlock(block.k, block.v, torch.where(leaving, block.pos, EMPTY), block.acc)
         # Leaving slots are the leftmost valid ones, so the sort order is kept.
         self.block = KVBlock(block.k, block.v, torch.where(leaving, EMPTY, block.pos), block.acc)
         return out
 
     def __repr__(self) -> str:
-        return f"SlidingWindow(size={self.size}, max_pending={self.max_pending})"
+        size = self.head_sizes if self.head_sizes else self.size
+        return f"SlidingWindow(size={size}, max_pending={self.max_pending})"

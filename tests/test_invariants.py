@@ -142,7 +142,7 @@ def test_invariant2_no_exact_memory_is_linear_attention(shape, mixing, schedule,
 )
 def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, chunk, affine, storage, fmap, seed):
     b, t, h, h_kv, d = shape
-    cfg = lola.LoLAConfig(window=window, sparse_size=0, sinks=sinks, chunk=chunk, affine=affine, gqa_storage=storage, feature_map=fmap)
+    cfg = lola.LoLAConfig(window=window, sparse_size=0, sinks=sinks, chunk=chunk, mixing="lolcats", affine=affine, gqa_storage=storage, feature_map=fmap)
     attn = build(cfg, h, h_kv, d, seed)
     q, k, v = make_inputs(b, t, h, h_kv, d, seed)
     g = h // h_kv

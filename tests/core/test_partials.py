@@ -40,3 +40,10 @@ def test_partial_is_safe_for_huge_logits():
     p = partial_from_logits(exact_logits(qb, KVBlock(k, v, torch.tensor([[[0, 1]]]))), v)
     assert torch.isfinite(p.num).all() and torch.isfinite(p.den).all()
     assert_rel_close(v[0, 0, 0], (p.num / p.den.unsqueeze(-1))[0, 0, 0], 1e-6)
+
+
+def test_a_memory_with_no_slots_gives_the_empty_partial():
+    q = torch.randn(1, 4, 3, 8)
+    block = KVBlock(torch.zeros(1, 2, 0, 8), torch.zeros(1, 2, 0, 8), torch.zeros(1, 2, 0, dtype=torch.long))
+    p = partial_from_logits(exact_logits(QueryBlock(q, q, torch.zeros(1, 3, dtype=torch.long), 1.0), block), block.v)
+    assert p.num.shape == (1, 4, 3, 8) and torch.all(p.den == 0) and torch.all(p.max == float("-inf"))

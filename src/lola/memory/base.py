@@ -132,12 +132,12 @@ def exact_logits(query: QueryBlock, block: KVBlock) -> torch.Tensor:
     b, h, l, d = query.q.shape
     hs = block.k.shape[1]
     g = h // hs
-    q = query.q.float().view(b, hs, g, l, d)
-    s = torch.matmul(q, block.k.float().unsqueeze(2).transpose(-1, -2)) * query.scale  # [B, Hs, g, L, N]
+    q = query.q.float().reshape(b, hs, g * l, d)  # a group's heads and queries share one matmul
+    s = torch.matmul(q, block.k.float().transpose(-1, -2)).view(b, hs, g, l, block.k.shape[2]) * query.scale
     kpos = block.pos.view(b, hs, 1, 1, -1)
     qpos = query.pos.view(b, 1, 1, l, 1)
     visible = (kpos >= 0) & (kpos <= qpos) & (qpos >= 0)
-    return s.masked_fill(~visible, float("-inf")).view(b, h, l, -1)
+    return s.masked_fill(~visible, float("-inf")).view(b, h, l, block.k.shape[2])
 
 
 def partial_from_logits(logits: torch.Tensor, v: torch.Tensor, keep_logits: bool = False) -> SoftmaxPartial:
@@ -153,7 +153,7 @@ def partial_from_logits(logits: torch.Tensor, v: torch.Tensor, keep_logits: bool
     m = logits.amax(dim=-1) if n > 0 else logits.new_full((b, h, l), float("-inf"))
     finite = torch.isfinite(m)
     p = torch.exp(logits - torch.where(finite, m, 0.0).unsqueeze(-1))  # exp(-inf) = 0 for masked slots
-    num = torch.matmul(p.view(b, hs, h // hs, l, n), v.float().unsqueeze(2)).view(b, h, l, -1)
+    num = torch.matmul(p.reshape(b, hs, (h // hs) * l, n), v.float()).view(b, h, l, v.shape[-1])
     return SoftmaxPartial(num=num, den=p.sum(-1), max=m, logits=logits if keep_logits else None)
 
 

@@ -42,20 +42,20 @@ def softmax_partial(
     B, H, L, D = q.shape
     Hs, N = k.shape[1], k.shape[2]
     G = H // Hs
-    qf = q.float().reshape(B, Hs, G, L, D)
-    kf = k.float()[:, :, None]  # [B, Hs, 1, N, D]: shared by the G query heads of a group
-    vf = v.float()[:, :, None]
-    s = scale * (qf @ kf.transpose(-1, -2))  # [B, Hs, G, L, N]
+    # The G query heads of a group and the L queries form the rows of one matmul per storage
+    # head, so k and v are read once (no broadcast copies).
+    qf = q.float().reshape(B, Hs, G * L, D)
+    s = scale * (qf @ k.float().transpose(-1, -2))  # [B, Hs, G*L, N]
     kp = k_pos[:, :, None, None, :]
-    visible = (kp >= 0) & (kp <= q_pos[:, None, None, :, None])
-    s = s.masked_fill(~visible, float("-inf"))
+    visible = (kp >= 0) & (kp <= q_pos[:, None, None, :, None])  # [B, Hs, 1, L, N]
+    s = s.view(B, Hs, G, L, N).masked_fill(~visible, float("-inf")).view(B, Hs, G * L, N)
     if N > 0:
         m = s.amax(-1)
     else:
-        m = s.new_full((B, Hs, G, L), float("-inf"))
+        m = s.new_full((B, Hs, G * L), float("-inf"))
     # Rows with nothing visible keep m = -inf but shift by 0, so exp(-inf) = 0, not NaN.
     m_shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     p = torch.exp(s - m_shift[..., None])
-    num = p @ vf
+    num = p @ v.float()
     den = p.sum(-1)
     return num.reshape(B, H, L, D), den.reshape(B, H, L), m.reshape(B, H, L)

@@ -16,6 +16,31 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _niah(args: argparse.Namespace) -> int:
+    import pydantic
+
+    from lola.eval.runner import NiahRun, format_summary, run_niah, summarize
+
+    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "max_new_tokens", "seed")
+    try:
+        run = NiahRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+    except pydantic.ValidationError as err:
+        for e in err.errors():
+            print(f"lola niah: --{'-'.join(str(x) for x in e['loc'][:1]).replace('_', '-')}: {e['msg']}", file=sys.stderr)
+        return 2
+    from lola import models
+
+    try:
+        model, tok = models.load(run.model)
+        records = run_niah(run, model, tok, args.out or f"results/niah-{run.task}")
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
+        print(f"lola niah: {err}", file=sys.stderr)
+        return 2
+    print(f"\n{run.task}, exact budget {run.budget} tokens (accuracy %, cache MiB)\n")
+    print(format_summary(summarize(records)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lola`` command."""
     parser = argparse.ArgumentParser(prog="lola", description="LoLA: linear attention that remembers.")
@@ -26,6 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--budget", type=int, default=128, help="exact tokens for the compressed methods (default 128)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+
+    niah = sub.add_parser("niah", help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
+    niah.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    niah.add_argument("--task", help="niah_single_1 (default)")
+    niah.add_argument("--lengths", type=int, nargs="+", help="context lengths in tokens (default 1024 2048)")
+    niah.add_argument("--samples", type=int, help="samples per length, at evenly spread depths (default 5)")
+    niah.add_argument("--methods", nargs="+", help="any of full window lolcats lola (default all)")
+    niah.add_argument("--policies", nargs="+", help="scoring policies for the lola method (default sre)")
+    niah.add_argument("--window", type=int, help="window of the lola method (default 60)")
+    niah.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 64)")
+    niah.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
+    niah.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
+    niah.add_argument("--mixing", help="mixing rule of the lola method (default softmax_only)")
+    niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12)")
+    niah.add_argument("--seed", type=int)
+    niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
+    niah.set_defaults(func=_niah)
     return parser
 
 

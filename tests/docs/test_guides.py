@@ -90,6 +90,7 @@ API_PAGES = {
     "lola.kernels": "kernels.rst",
     "lola.integrations.transformers": "integrations.rst",
     "lola.models": "models.rst",
+    "lola.eval": "eval.rst",
 }
 
 

@@ -1,0 +1,227 @@
+"""Run the needle-in-a-haystack experiment: every method on the same samples, resumable.
+
+Methods (all but ``full`` share one exact-token budget ``sinks + window + sparse_size``):
+
+- ``full``: stock attention and a growing cache.
+- ``window``: sinks + a sliding window of the whole budget, softmax only.
+- ``lolcats``: sinks + a sliding window of the whole budget + the linear state (mixed with the
+  run's rule, or ``lola_authors`` when that is ``softmax_only``, which would ignore the state).
+- ``lola``: sinks + window + sparse cache + linear state, once per scoring policy
+  (reported as ``lola-<policy>``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lola.config import LoLAConfig
+
+__all__ = ["METHODS", "NiahRun", "method_configs", "run_niah", "summarize"]
+
+METHODS = ("full", "window", "lolcats", "lola")
+
+
+class NiahRun(BaseModel):
+    """Everything that defines a run (saved in ``results.json``; a resumed run must match)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "smollm2-135m-instruct"
+    task: str = "niah_single_1"
+    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
+    samples: int = Field(5, ge=1)
+    methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1)
+    policies: list[str] = Field(default_factory=lambda: ["sre"], min_length=1)
+    window: int = Field(60, ge=0)
+    sparse_size: int = Field(64, ge=0)
+    sinks: int = Field(4, ge=0)
+    chunk: int = Field(64, ge=1)
+    # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
+    # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
+    mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
+    gqa_storage: str = "kv_head"
+    max_new_tokens: int = Field(12, ge=1)
+    seed: int = 0
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task != "niah_single_1":
+            raise ValueError(f"unknown task {task!r}; available: niah_single_1")
+        return task
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, methods: list[str]) -> list[str]:
+        bad = [m for m in methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"unknown methods {bad}; available: {', '.join(METHODS)}")
+        return methods
+
+    @field_validator("policies")
+    @classmethod
+    def _known_policies(cls, names: list[str]) -> list[str]:
+        from lola import policies
+
+        bad = [p for p in names if p not in policies.available()]
+        if bad:
+            raise ValueError(f"unknown policies {bad}; available: {', '.join(policies.available())}")
+        return names
+
+    @field_validator("lengths")
+    @classmethod
+    def _positive_lengths(cls, lengths: list[int]) -> list[int]:
+        if any(n < 64 for n in lengths):
+            raise ValueError(f"lengths must be >= 64 tokens, got {lengths}")
+        return lengths
+
+    @property
+    def budget(self) -> int:
+        """Exact tokens of every method but ``full``."""
+        return self.sinks + self.window + self.sparse_size
+
+
+def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
+    """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods."""
+    common = dict(sinks=run.sinks, chunk=run.chunk, gqa_storage=run.gqa_storage)
+    wide = run.window + run.sparse_size  # the window-only methods get the whole budget
+    out: dict[str, LoLAConfig | None] = {}
+    for method in run.methods:
+        if method == "full":
+            out["full"] = None
+        elif method == "window":
+            out["window"] = LoLAConfig(window=wide, sparse_size=0, mixing="softmax_only", **common)
+        elif method == "lolcats":
+            hybrid_mixing = "lola_authors" if run.mixing == "softmax_only" else run.mixing
+            out["lolcats"] = LoLAConfig(window=wide, sparse_size=0, mixing=hybrid_mixing, **common)
+        else:
+            for policy in run.policies:
+                out[f"lola-{policy}"] = LoLAConfig(window=run.window, sparse_size=run.sparse_size, policy=policy, mixing=run.mixing, **common)
+    return out
+
+
+def _load_done(path: Path) -> dict[tuple[str, int, int], dict]:
+    done: dict[tuple[str, int, int], dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                done[(rec["method"], rec["length"], rec["index"])] = rec
+    return done
+
+
+def _cache_bytes(cache: Any) -> int:
+    if hasattr(cache, "nbytes"):
+        return int(cache.nbytes())
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
+
+
+def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True) -> list[dict]:
+    """Run (or resume) ``run`` on ``model``; returns every sample's record.
+
+    Records are appended to ``out_dir/samples.jsonl`` as they finish, so an interrupted run
+    continues where it stopped when called again with the same ``out_dir``;
+    ``out_dir/results.json`` holds the run, versions and the summary.
+    """
+    from tqdm.auto import tqdm
+    from transformers import DynamicCache
+
+    from lola.eval.niah import make_niah_sample, string_match_all
+    from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    if results_path.exists():
+        saved = json.loads(results_path.read_text()).get("run")
+        if saved is not None and NiahRun(**saved) != run:
+            raise ValueError(f"{out} holds a different run; use another --out or the same options (saved: {saved})")
+    _write_results(results_path, run, [])
+    samples_path = out / "samples.jsonl"
+    done = _load_done(samples_path)
+    configs = method_configs(run)
+    depths = [(i + 0.5) / run.samples for i in range(run.samples)]
+    prompts = {(n, i): make_niah_sample(tokenizer, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.max_new_tokens) for n in run.lengths for i, d in enumerate(depths)}
+    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if max_positions and max(run.lengths) > max_positions:
+        raise ValueError(f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
+    todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done]
+    bar = tqdm(total=len(configs) * len(prompts), initial=len(configs) * len(prompts) - len(todo), desc="niah", disable=not progress)
+    records = list(done.values())
+    with open(samples_path, "a") as log:
+        for method, cfg in configs.items():
+            mine = [(n, i) for (m, n, i) in todo if m == method]
+            if not mine:
+                continue
+            if cfg is not None:
+                apply_lola(model, cfg)
+            try:
+                for n, i in mine:
+                    s = prompts[(n, i)]
+                    cache = DynamicCache() if cfg is None else LoLACache(model)
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        ids = model.generate(s.input_ids, max_new_tokens=run.max_new_tokens, do_sample=False, cache=cache, pad_token_id=getattr(tokenizer, "eos_token_id", None))
+                    seconds = time.perf_counter() - t0
+                    prediction = tokenizer.decode(ids[0, s.length :], skip_special_tokens=True)
+                    rec = {
+                        "method": method, "length": n, "index": i, "depth": s.depth, "prompt_tokens": s.length,
+                        "answers": s.answers, "prediction": prediction, "score": string_match_all(prediction, s.answers),
+                        "cache_bytes": _cache_bytes(cache), "seconds": seconds,
+                        "tokens_per_second": ids.shape[1] / seconds,
+                    }
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                    records.append(rec)
+                    bar.update(1)
+            finally:
+                if cfg is not None:
+                    remove_lola(model)
+    bar.close()
+    _write_results(results_path, run, records)
+    return records
+
+
+def summarize(records: Iterable[dict]) -> dict[str, dict[int, dict[str, float]]]:
+    """``{method: {length: {"accuracy": %, "cache_bytes": mean, "samples": n}}}``."""
+    table: dict[str, dict[int, list[dict]]] = {}
+    for r in records:
+        table.setdefault(r["method"], {}).setdefault(r["length"], []).append(r)
+    return {
+        m: {n: {"accuracy": 100.0 * sum(r["score"] for r in rs) / len(rs), "cache_bytes": sum(r["cache_bytes"] for r in rs) / len(rs), "samples": len(rs)} for n, rs in sorted(by.items())}
+        for m, by in table.items()
+    }
+
+
+def format_summary(summary: dict[str, dict[int, dict[str, float]]]) -> str:
+    """Accuracy (and cache MiB) per method × length as a plain-text table."""
+    lengths = sorted({n for by in summary.values() for n in by})
+    head = f"{'method':<16}" + "".join(f"{n:>16}" for n in lengths)
+    lines = [head, "-" * len(head)]
+    for m, by in summary.items():
+        cells = "".join(f"{by[n]['accuracy']:>7.1f}% {by[n]['cache_bytes'] / 2**20:>6.1f}MiB" if n in by else f"{'':>16}" for n in lengths)
+        lines.append(f"{m:<16}{cells}")
+    return "\n".join(lines)
+
+
+def _write_results(path: Path, run: NiahRun, records: list[dict]) -> None:
+    import transformers
+
+    import lola
+
+    payload = {
+        "run": run.model_dump(),
+        "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in method_configs(run).items()},
+        "summary": {m: {str(n): v for n, v in by.items()} for m, by in summarize(records).items()},
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(path)

@@ -1,0 +1,73 @@
+import json
+
+import pytest
+import torch
+
+from lola.cli import main
+from lola.eval.runner import NiahRun, method_configs, run_niah, summarize
+from tests.integrations.transformers.conftest import tiny
+
+
+class TinyTokenizer:
+    """Words to ids in [3, 101); decode writes ids back as numbers. No chat template."""
+
+    chat_template = None
+    eos_token_id = 0
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        ids = torch.tensor([[3 + sum(map(ord, w)) % 98 for w in text.split()]])
+        return type("Enc", (), {"input_ids": ids})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(int(i)) for i in ids)
+
+
+RUN = NiahRun(lengths=[200], samples=2, policies=["sre", "recency"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=3)
+
+
+def test_methods_share_one_budget():
+    cfgs = method_configs(RUN)
+    assert list(cfgs) == ["full", "window", "lolcats", "lola-sre", "lola-recency"]
+    assert cfgs["full"] is None
+    assert {c.exact_budget for c in cfgs.values() if c is not None} == {RUN.budget}
+    assert cfgs["window"].mixing == "softmax_only" and cfgs["lolcats"].sparse_size == 0
+
+
+def test_run_records_every_sample_and_resumes(tmp_path, monkeypatch):
+    model, tok = tiny("llama"), TinyTokenizer()
+    records = run_niah(RUN, model, tok, tmp_path, progress=False)
+    assert len(records) == 5 * 2
+    assert not hasattr(model, "_lola")  # LoLA removed after each method
+    lines = (tmp_path / "samples.jsonl").read_text().splitlines()
+    assert len(lines) == 10
+    rec = json.loads(lines[-1])
+    assert {"method", "length", "index", "depth", "prompt_tokens", "answers", "prediction", "score", "cache_bytes", "seconds"} <= rec.keys()
+    assert rec["prompt_tokens"] <= 200 - RUN.max_new_tokens
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["run"] == RUN.model_dump() and set(saved["summary"]) == {"full", "window", "lolcats", "lola-sre", "lola-recency"}
+    assert saved["versions"]["lola"]
+    full_bytes = summarize(records)["full"][200]["cache_bytes"]
+    assert all(summarize(records)[m][200]["cache_bytes"] < full_bytes for m in ("window", "lolcats", "lola-sre"))
+
+    # A second call finds every sample done and generates nothing.
+    calls = []
+    monkeypatch.setattr(model, "generate", lambda *a, **k: calls.append(1))
+    again = run_niah(RUN, model, tok, tmp_path, progress=False)
+    assert not calls and len(again) == 10
+    with pytest.raises(ValueError, match="different run"):
+        run_niah(RUN.model_copy(update={"samples": 3}), model, tok, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--methods", "nope"], "full, window, lolcats, lola"),
+        (["--task", "nope"], "niah_single_1"),
+        (["--policies", "nope"], "sre"),
+        (["--lengths", "10"], ">= 64"),
+        (["--samples", "0"], "--samples"),
+    ],
+)
+def test_bad_input_is_a_message_not_a_traceback(argv, message, capsys):
+    assert main(["niah", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -19,14 +19,18 @@ def _demo(args: argparse.Namespace) -> int:
 def _niah(args: argparse.Namespace) -> int:
     import pydantic
 
-    from lola.eval.runner import NiahRun, format_summary, run_niah, summarize
+    from lola.eval.runner import NiahRun, format_depth_summary, format_summary, run_niah, summarize, summarize_by_depth
 
-    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "max_new_tokens", "seed")
+    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "max_new_tokens", "seed", "haystack_file", "needle", "question")
     try:
-        run = NiahRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
-    except pydantic.ValidationError as err:
-        for e in err.errors():
-            print(f"lola niah: --{'-'.join(str(x) for x in e['loc'][:1]).replace('_', '-')}: {e['msg']}", file=sys.stderr)
+        options = _read_config(args.config) if args.config else {}
+        options.update({f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+        run = NiahRun(**options)
+    except (OSError, ValueError) as err:
+        errors = err.errors() if isinstance(err, pydantic.ValidationError) else [{"loc": ("config",), "msg": str(err)}]
+        for e in errors:
+            where = f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else ""
+            print(f"lola niah: {where}{e['msg']}", file=sys.stderr)
         return 2
     from lola import models
 
@@ -36,9 +40,34 @@ def _niah(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
         print(f"lola niah: {err}", file=sys.stderr)
         return 2
+    out = args.out or f"results/niah-{run.task}"
     print(f"\n{run.task}, exact budget {run.budget} tokens (accuracy %, cache MiB)\n")
     print(format_summary(summarize(records)))
+    print("\nby needle depth (accuracy %)\n")
+    print(format_depth_summary(summarize_by_depth(records)))
+    speed = {}
+    for r in records:
+        speed.setdefault(r["method"], []).append(r["tokens_per_second"])
+    print("\ntokens/s: " + ", ".join(f"{m} {sum(v) / len(v):.0f}" for m, v in speed.items()))
+    print(f"\nresults: {out}/results.json, samples.jsonl, accuracy.png, cache_bytes.png")
     return 0
+
+
+def _read_config(path: str) -> dict:
+    """Options from a JSON or YAML file (keys are NiahRun fields)."""
+    import json
+
+    with open(path) as f:
+        text = f.read()
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of options")
+    return data
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     niah = sub.add_parser("niah", help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
     niah.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
-    niah.add_argument("--task", help="niah_single_1 (default)")
+    niah.add_argument("--task", help="niah_single_1 (default), niah_multikey_2, niah_multikey_3 or vt")
     niah.add_argument("--lengths", type=int, nargs="+", help="context lengths in tokens (default 1024 2048)")
     niah.add_argument("--samples", type=int, help="samples per length, at evenly spread depths (default 5)")
     niah.add_argument("--methods", nargs="+", help="any of full window lolcats lola (default all)")
@@ -64,8 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
     niah.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
     niah.add_argument("--mixing", help="mixing rule of the lola method (default softmax_only)")
-    niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12)")
+    niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12; 32 for niah_multikey_3 and vt)")
     niah.add_argument("--seed", type=int)
+    niah.add_argument("--haystack-file", dest="haystack_file", help="a text whose sentences replace the noise haystack (niah_single_1)")
+    niah.add_argument("--needle", help="needle template with {key} and {value} (with --question)")
+    niah.add_argument("--question", help="question template with {key} (with --needle)")
+    niah.add_argument("--config", help="a JSON or YAML file of options; command-line options override it")
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
     niah.set_defaults(func=_niah)
     return parser

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lola.config import LoLAConfig
 
-__all__ = ["METHODS", "NiahRun", "method_configs", "run_niah", "summarize"]
+__all__ = ["METHODS", "NiahRun", "format_depth_summary", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth"]
 
 METHODS = ("full", "window", "lolcats", "lola")
 
@@ -46,16 +46,53 @@ class NiahRun(BaseModel):
     # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
-    gqa_storage: str = "kv_head"
-    max_new_tokens: int = Field(12, ge=1)
+    gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
+    max_new_tokens: int | None = Field(None, ge=1, description="None: 12 for number answers, 32 for uuids and vt")
     seed: int = 0
+    haystack_file: str | None = None
+    needle: str | None = None
+    question: str | None = None
 
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
-        if task != "niah_single_1":
-            raise ValueError(f"unknown task {task!r}; available: niah_single_1")
+        from lola.eval.niah import TASKS
+
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
         return task
+
+    @field_validator("haystack_file")
+    @classmethod
+    def _readable_haystack(cls, path: str | None) -> str | None:
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ValueError(f"haystack file {path!r} does not exist")
+            if not p.read_text(errors="replace").strip():
+                raise ValueError(f"haystack file {path!r} is empty")
+        return path
+
+    @model_validator(mode="after")
+    def _custom_needle(self) -> "NiahRun":
+        if (self.needle is None) != (self.question is None):
+            raise ValueError("needle and question must be given together")
+        if self.needle is not None:
+            for field in ("{key}", "{value}"):
+                if field not in self.needle:
+                    raise ValueError(f"the needle template must contain {field}, got {self.needle!r}")
+            if "{key}" not in self.question:
+                raise ValueError(f"the question must contain {{key}}, got {self.question!r}")
+        if (self.haystack_file or self.needle) and self.task != "niah_single_1":
+            raise ValueError("haystack_file, needle and question apply to niah_single_1 only")
+        return self
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens generated per answer."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return 32 if self.task in ("niah_multikey_3", "vt") else 12
 
     @field_validator("methods")
     @classmethod
@@ -133,7 +170,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     from tqdm.auto import tqdm
     from transformers import DynamicCache
 
-    from lola.eval.niah import make_niah_sample, string_match_all
+    from lola.eval.niah import make_sample, string_match_all
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
 
     out = Path(out_dir)
@@ -148,7 +185,12 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     done = _load_done(samples_path)
     configs = method_configs(run)
     depths = [(i + 0.5) / run.samples for i in range(run.samples)]
-    prompts = {(n, i): make_niah_sample(tokenizer, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.max_new_tokens) for n in run.lengths for i, d in enumerate(depths)}
+    haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
+    prompts = {
+        (n, i): make_sample(tokenizer, run.task, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.new_tokens, haystack=haystack, needle=run.needle, question=run.question)
+        for n in run.lengths
+        for i, d in enumerate(depths)
+    }
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if max_positions and max(run.lengths) > max_positions:
         raise ValueError(f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
@@ -168,7 +210,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
                     cache = DynamicCache() if cfg is None else LoLACache(model)
                     t0 = time.perf_counter()
                     with torch.no_grad():
-                        ids = model.generate(s.input_ids, max_new_tokens=run.max_new_tokens, do_sample=False, cache=cache, pad_token_id=getattr(tokenizer, "eos_token_id", None))
+                        ids = model.generate(s.input_ids, max_new_tokens=run.new_tokens, do_sample=False, cache=cache, pad_token_id=getattr(tokenizer, "eos_token_id", None))
                     seconds = time.perf_counter() - t0
                     prediction = tokenizer.decode(ids[0, s.length :], skip_special_tokens=True)
                     rec = {
@@ -186,6 +228,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
                     remove_lola(model)
     bar.close()
     _write_results(results_path, run, records)
+    plot_results(records, out)
     return records
 
 
@@ -198,6 +241,52 @@ def summarize(records: Iterable[dict]) -> dict[str, dict[int, dict[str, float]]]
         m: {n: {"accuracy": 100.0 * sum(r["score"] for r in rs) / len(rs), "cache_bytes": sum(r["cache_bytes"] for r in rs) / len(rs), "samples": len(rs)} for n, rs in sorted(by.items())}
         for m, by in table.items()
     }
+
+
+def summarize_by_depth(records: Iterable[dict], buckets: int = 5) -> dict[str, dict[str, float]]:
+    """``{method: {"0.0-0.2": accuracy %, …}}`` over all lengths, by needle depth."""
+    table: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        b = min(int(r["depth"] * buckets), buckets - 1)
+        table.setdefault(r["method"], {}).setdefault(b, []).append(r["score"])
+    return {m: {f"{b / buckets:.1f}-{(b + 1) / buckets:.1f}": 100.0 * sum(v) / len(v) for b, v in sorted(by.items())} for m, by in table.items()}
+
+
+def format_depth_summary(by_depth: dict[str, dict[str, float]]) -> str:
+    """Accuracy per method × depth bucket as a plain-text table."""
+    cols = sorted({c for by in by_depth.values() for c in by})
+    head = f"{'method':<16}" + "".join(f"{c:>10}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for m, by in by_depth.items():
+        lines.append(f"{m:<16}" + "".join(f"{by[c]:>9.1f}%" if c in by else f"{'':>10}" for c in cols))
+    return "\n".join(lines)
+
+
+def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
+    """Write ``accuracy.png`` (accuracy vs length) and ``cache_bytes.png`` (cache MiB vs length)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarize(records)
+    paths = []
+    for name, key, ylabel, scale in (("accuracy.png", "accuracy", "accuracy (%)", 1.0), ("cache_bytes.png", "cache_bytes", "cache (MiB)", 2.0**-20)):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for method, by in summary.items():
+            lengths = sorted(by)
+            ax.plot(lengths, [by[n][key] * scale for n in lengths], marker="o", label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = Path(out_dir) / name
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
 
 
 def format_summary(summary: dict[str, dict[int, dict[str, float]]]) -> str:
@@ -221,6 +310,7 @@ def _write_results(path: Path, run: NiahRun, records: list[dict]) -> None:
         "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in method_configs(run).items()},
         "summary": {m: {str(n): v for n, v in by.items()} for m, by in summarize(records).items()},
+        "summary_by_depth": summarize_by_depth(records),
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=2))

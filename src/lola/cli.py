@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
     niah.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
     niah.add_argument("--mixing", help="mixing rule of the lola method (default softmax_only)")
-    niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12; 32 for niah_multikey_3 and vt)")
+    niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12; 64 for niah_multikey_3 and vt)")
     niah.add_argument("--seed", type=int)
     niah.add_argument("--haystack-file", dest="haystack_file", help="a text whose sentences replace the noise haystack (niah_single_1)")
     niah.add_argument("--needle", help="needle template with {key} and {value} (with --question)")

@@ -47,7 +47,7 @@ class NiahRun(BaseModel):
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
-    max_new_tokens: int | None = Field(None, ge=1, description="None: 12 for number answers, 32 for uuids and vt")
+    max_new_tokens: int | None = Field(None, ge=1, description="None: 12 for number answers, 64 for uuids and vt")
     seed: int = 0
     haystack_file: str | None = None
     needle: str | None = None
@@ -92,7 +92,7 @@ class NiahRun(BaseModel):
         """Tokens generated per answer."""
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        return 32 if self.task in ("niah_multikey_3", "vt") else 12
+        return 64 if self.task in ("niah_multikey_3", "vt") else 12  # a uuid is ~40 SmolLM2 tokens
 
     @field_validator("methods")
     @classmethod

@@ -105,6 +105,22 @@ def test_triton_matches_reference(triton_device, dtype, T, F, D):
     assert_close_rel(expected[2][1], s, tol, "s_T")
 
 
+@pytest.mark.parametrize("final", [False, True])
+def test_triton_several_chunks_from_an_empty_state(triton_device, final):
+    # No initial state, several chunks: the per-chunk key sums must be the running sums
+    # (a compiler rewrite of the loop once stored only zeros and the total on sm_90).
+    fq, fk, v, _ = make_inputs(1, 200, 2, 64, 64, device=triton_device)
+    expected = ref.chunk_linear_attention(fq, fk, v, None, True)
+    num, den, state = triton_impl("chunk_linear_attention")(fq, fk, v, None, final)
+    assert_close_rel(expected[0], num, 1e-5, "num")
+    assert_close_rel(expected[1], den, 1e-5, "den")
+    if final:
+        assert_close_rel(expected[2][0], state[0], 1e-5, "H_T")
+        assert_close_rel(expected[2][1], state[1], 1e-5, "s_T")
+    else:
+        assert state is None
+
+
 def test_triton_no_final_state_and_odd_sizes(triton_device):
     # F and D below the 16-wide dot minimum, several batches: exercises masking
     fq, fk, v, _ = make_inputs(2, 70, 3, 5, 9, device=triton_device)

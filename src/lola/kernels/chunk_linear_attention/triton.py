@@ -57,10 +57,14 @@ def chunk_state_fwd_kernel(
     p_hkv = o_k[:, None] * D + o_v[None, :]
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    b_s = tl.zeros([BK], dtype=tl.float32)
+    b_s0 = tl.zeros([BK], dtype=tl.float32)
     if USE_INITIAL_STATE:
         b_h += tl.load(h0 + i_bh64 * F * D + p_hkv, mask=m_kv, other=0.0)
-        b_s += tl.load(s0 + i_bh64 * F + o_k, mask=m_k, other=0.0)
+        b_s0 += tl.load(s0 + i_bh64 * F + o_k, mask=m_k, other=0.0)
+    # Key sums accumulate elementwise and are reduced where stored: a loop-carried
+    # `acc += tl.sum(x)` is rewritten by Triton's sm_90 thread-locality pass to reduce
+    # only after the loop, which corrupts the per-chunk values stored inside it.
+    b_ks = tl.zeros([BK, BT], dtype=tl.float32)
 
     # Inputs are token-major: (b, t, h, f) lives at ((b * T + t) * H + h) * F + f.
     k_base = k + (tl.cast(i_b, tl.int64) * T * H + i_h) * F
@@ -69,19 +73,19 @@ def chunk_state_fwd_kernel(
         i_chunk = i_bh64 * NT + i_t
         tl.store(h + i_chunk * F * D + p_hkv, b_h, mask=m_kv)
         if i_v == 0:
-            tl.store(s + i_chunk * F + o_k, b_s, mask=m_k)
+            tl.store(s + i_chunk * F + o_k, b_s0 + tl.sum(b_ks, axis=1), mask=m_k)
         o_t = tl.cast(i_t, tl.int64) * BT + tl.arange(0, BT)
         m_t = o_t < T
         # fk loaded transposed, [BK, BT], so the state update is one dot.
         b_kt = tl.load(k_base + o_t[None, :] * (H * F) + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
         b_v = tl.load(v_base + o_t[:, None] * (H * D) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         b_h += dot(b_kt, b_v, PRECISION)
-        b_s += tl.sum(b_kt.to(tl.float32), axis=1)
+        b_ks += b_kt.to(tl.float32)
 
     if STORE_FINAL_STATE:
         tl.store(ht + i_bh64 * F * D + p_hkv, b_h, mask=m_kv)
         if i_v == 0:
-            tl.store(st + i_bh64 * F + o_k, b_s, mask=m_k)
+            tl.store(st + i_bh64 * F + o_k, b_s0 + tl.sum(b_ks, axis=1), mask=m_k)
 
 
 @triton.autotune(

@@ -21,7 +21,7 @@ def _niah(args: argparse.Namespace) -> int:
 
     from lola.eval.runner import NiahRun, format_depth_summary, format_summary, run_niah, summarize, summarize_by_depth
 
-    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "max_new_tokens", "seed", "haystack_file", "needle", "question")
+    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "feature_maps", "max_new_tokens", "seed", "haystack_file", "needle", "question")
     try:
         options = _read_config(args.config) if args.config else {}
         options.update({f: getattr(args, f) for f in fields if getattr(args, f) is not None})
@@ -50,6 +50,76 @@ def _niah(args: argparse.Namespace) -> int:
         speed.setdefault(r["method"], []).append(r["tokens_per_second"])
     print("\ntokens/s: " + ", ".join(f"{m} {sum(v) / len(v):.0f}" for m, v in speed.items()))
     print(f"\nresults: {out}/results.json, samples.jsonl, accuracy.png, cache_bytes.png")
+    return 0
+
+
+def _print_errors(command: str, err: Exception) -> None:
+    import pydantic
+
+    errors = err.errors() if isinstance(err, pydantic.ValidationError) else [{"loc": (), "msg": str(err)}]
+    for e in errors:
+        where = f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else ""
+        print(f"lola {command}: {where}{e['msg']}", file=sys.stderr)
+
+
+def _linearize(args: argparse.Namespace) -> int:
+    from lola.linearize import LinearizeConfig, linearize
+
+    fields = ("window", "feature_map", "feature_dim", "mixing", "steps", "lr", "chunk_tokens", "train_chunks", "eval_chunks", "text", "checkpoint_every", "seed")
+    options = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+    model_name = args.model
+    if args.quick:  # a smoke run: tiny random model, a few short steps
+        model_name = model_name or "tiny-random-llama"
+        options = {"steps": 6, "chunk_tokens": 128, "train_chunks": 3, "eval_chunks": 1, "window": 16, "checkpoint_every": 3, **options}
+    model_name = model_name or "smollm2-135m-instruct"
+    try:
+        cfg = LinearizeConfig(**options)
+    except ValueError as err:
+        _print_errors("linearize", err)
+        return 2
+    from lola import models
+
+    try:
+        model, tok = models.load(model_name)
+        linearize(model, tok, cfg, args.out, model_name=model_name)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"lola linearize: {err}", file=sys.stderr)
+        return 2
+    print(f"feature maps: {args.out} (use with --feature-maps {args.out})")
+    return 0
+
+
+def _perplexity(args: argparse.Namespace) -> int:
+    from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
+
+    fields = ("model", "lengths", "methods", "feature_maps", "window", "sparse_size", "sinks", "chunk", "policy", "windows", "text")
+    try:
+        run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+        if run.feature_maps is not None:
+            from lola.linearize import read_feature_maps
+
+            read_feature_maps(run.feature_maps)
+    except (ValueError, FileNotFoundError) as err:
+        _print_errors("perplexity", err)
+        return 2
+    from lola import models
+
+    try:
+        model, tok = models.load(run.model)
+        results = run_perplexity(run, model, tok)
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
+        print(f"lola perplexity: {err}", file=sys.stderr)
+        return 2
+    print(f"\nheld-out perplexity ({run.text or 'pydoc_data.topics'}, last 10%; window {run.window}, sparse {run.sparse_size}, sinks {run.sinks}"
+          f"{', feature maps ' + run.feature_maps if run.feature_maps else ', untrained feature maps'})\n")
+    print(format_perplexity(results))
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"run": run.model_dump(), "results": results}, indent=2) + "\n")
+        print(f"\nresults: {args.out}")
     return 0
 
 
@@ -92,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 64)")
     niah.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
     niah.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
-    niah.add_argument("--mixing", help="mixing rule of the lola method (default softmax_only)")
+    niah.add_argument("--mixing", help="mixing rule of the lola method (default softmax_only; with --feature-maps, theirs)")
+    niah.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder: trained feature maps for every method but full")
     niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12; 64 for niah_multikey_3 and vt)")
     niah.add_argument("--seed", type=int)
     niah.add_argument("--haystack-file", dest="haystack_file", help="a text whose sentences replace the noise haystack (niah_single_1)")
@@ -101,6 +172,39 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--config", help="a JSON or YAML file of options; command-line options override it")
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
     niah.set_defaults(func=_niah)
+
+    lin = sub.add_parser("linearize", help="attention transfer: train feature maps so a window + linear hybrid imitates the model")
+    lin.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    lin.add_argument("--out", required=True, help="output folder (re-running resumes from its checkpoint)")
+    lin.add_argument("--steps", type=int, help="optimizer steps, one text chunk each (default 400)")
+    lin.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-2, cosine decay)")
+    lin.add_argument("--window", type=int, help="exact keys per query of the hybrid (default 64)")
+    lin.add_argument("--feature-map", dest="feature_map", help="hedgehog_identity (default) or hedgehog")
+    lin.add_argument("--feature-dim", dest="feature_dim", type=int, help="f of a random-init hedgehog map (default 64)")
+    lin.add_argument("--mixing", help="lolcats (default) or lola_authors")
+    lin.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, help="tokens per training chunk (default 1024)")
+    lin.add_argument("--train-chunks", dest="train_chunks", type=int, help="training chunks kept as activations (default 24)")
+    lin.add_argument("--eval-chunks", dest="eval_chunks", type=int, help="held-out chunks for the MSE report (default 2)")
+    lin.add_argument("--text", help="UTF-8 training text (default: CPython's pydoc_data.topics)")
+    lin.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, help="steps between checkpoints (default 25)")
+    lin.add_argument("--seed", type=int)
+    lin.add_argument("--quick", action="store_true", help="a few short steps on a tiny random model (smoke test)")
+    lin.set_defaults(func=_linearize)
+
+    ppl = sub.add_parser("perplexity", help="held-out perplexity of full attention, the hybrid (lolcats) and LoLA")
+    ppl.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    ppl.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder (default: untrained maps)")
+    ppl.add_argument("--length", "--lengths", dest="lengths", type=int, nargs="+", help="context lengths (default 1024 2048)")
+    ppl.add_argument("--methods", nargs="+", help="any of full lolcats lola (default all)")
+    ppl.add_argument("--window", type=int, help="sliding window (default 64)")
+    ppl.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 64)")
+    ppl.add_argument("--sinks", type=int, help="pinned first tokens (default 0)")
+    ppl.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
+    ppl.add_argument("--policy", help="scoring policy of the lola method (default sre)")
+    ppl.add_argument("--windows", type=int, help="held-out windows per length (default 4)")
+    ppl.add_argument("--text", help="UTF-8 text whose last 10%% is held out (default: pydoc_data.topics)")
+    ppl.add_argument("--out", help="also write the results to this JSON file")
+    ppl.set_defaults(func=_perplexity)
     return parser
 
 

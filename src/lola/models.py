@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["REGISTRY", "RegisteredModel", "cache_dir", "fetch", "load"]
+__all__ = ["REGISTRY", "TINY_RANDOM", "RegisteredModel", "cache_dir", "fetch", "load", "tiny_random"]
 
 
 @dataclass(frozen=True)
@@ -138,12 +138,14 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     key = str(name_or_path)
+    if key == TINY_RANDOM:
+        return tiny_random(device=device)
     if key in REGISTRY:
         path = fetch(key)
     else:
         path = Path(name_or_path).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"no model at {path}; registered names: {', '.join(sorted(REGISTRY))}")
+            raise FileNotFoundError(f"no model at {path}; registered names: {', '.join(sorted([*REGISTRY, TINY_RANDOM]))}")
     kwargs: dict[str, Any] = {"dtype": dtype or torch.float32}
     print(f"lola: loading {path.name} ...", file=sys.stderr)
     if path.is_file():
@@ -157,3 +159,25 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+TINY_RANDOM = "tiny-random-llama"
+
+
+def tiny_random(seed: int = 0, device: str | None = None) -> tuple[Any, Any]:
+    """A tiny randomly initialised Llama (2 layers, 4 heads, 2 KV heads, head_dim 16) and a
+    byte tokenizer: for smoke runs of the commands (``--model tiny-random-llama``) and tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lola.linearize.text import ByteTokenizer
+
+    config = LlamaConfig(
+        vocab_size=ByteTokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, attn_implementation="sdpa",
+        bos_token_id=None, eos_token_id=0, pad_token_id=0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    return (model.to(device) if device else model), ByteTokenizer()

@@ -91,6 +91,7 @@ API_PAGES = {
     "lola.integrations.transformers": "integrations.rst",
     "lola.models": "models.rst",
     "lola.eval": "eval.rst",
+    "lola.linearize": "linearize.rst",
 }
 
 

@@ -45,7 +45,9 @@ class NiahRun(BaseModel):
     chunk: int = Field(64, ge=1)
     # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
-    mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
+    # None: softmax_only, or with feature_maps the rule they were trained with.
+    mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = None
+    feature_maps: str | None = Field(None, description="a `lola linearize` folder loaded into every method but full")
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
     max_new_tokens: int | None = Field(None, ge=1, description="None: 12 for number answers, 64 for uuids and vt")
     seed: int = 0
@@ -71,6 +73,13 @@ class NiahRun(BaseModel):
                 raise ValueError(f"haystack file {path!r} does not exist")
             if not p.read_text(errors="replace").strip():
                 raise ValueError(f"haystack file {path!r} is empty")
+        return path
+
+    @field_validator("feature_maps")
+    @classmethod
+    def _feature_maps_folder(cls, path: str | None) -> str | None:
+        if path is not None and not (Path(path) / "feature_maps.safetensors").is_file():
+            raise ValueError(f"{path!r} is not a feature-map folder (no feature_maps.safetensors; create it with `lola linearize --out {path}`)")
         return path
 
     @model_validator(mode="after")
@@ -129,6 +138,13 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods."""
     common = dict(sinks=run.sinks, chunk=run.chunk, gqa_storage=run.gqa_storage)
     wide = run.window + run.sparse_size  # the window-only methods get the whole budget
+    # With trained feature maps an unset mixing rule is left to the maps (apply_lola fills it in).
+    if run.feature_maps is None:
+        lola_mixing = {"mixing": run.mixing or "softmax_only"}
+        hybrid_mixing = {"mixing": "lola_authors" if lola_mixing["mixing"] == "softmax_only" else lola_mixing["mixing"]}
+    else:
+        lola_mixing = {"mixing": run.mixing} if run.mixing else {}
+        hybrid_mixing = {}
     out: dict[str, LoLAConfig | None] = {}
     for method in run.methods:
         if method == "full":
@@ -136,11 +152,10 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
         elif method == "window":
             out["window"] = LoLAConfig(window=wide, sparse_size=0, mixing="softmax_only", **common)
         elif method == "lolcats":
-            hybrid_mixing = "lola_authors" if run.mixing == "softmax_only" else run.mixing
-            out["lolcats"] = LoLAConfig(window=wide, sparse_size=0, mixing=hybrid_mixing, **common)
+            out["lolcats"] = LoLAConfig(window=wide, sparse_size=0, **hybrid_mixing, **common)
         else:
             for policy in run.policies:
-                out[f"lola-{policy}"] = LoLAConfig(window=run.window, sparse_size=run.sparse_size, policy=policy, mixing=run.mixing, **common)
+                out[f"lola-{policy}"] = LoLAConfig(window=run.window, sparse_size=run.sparse_size, policy=policy, **lola_mixing, **common)
     return out
 
 
@@ -203,7 +218,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
             if not mine:
                 continue
             if cfg is not None:
-                apply_lola(model, cfg)
+                apply_lola(model, cfg, feature_maps=run.feature_maps)
             try:
                 for n, i in mine:
                     s = prompts[(n, i)]

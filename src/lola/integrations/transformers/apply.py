@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from lola.config import LoLAConfig
@@ -32,7 +34,7 @@ def _geometry(module: torch.nn.Module) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
-def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None) -> torch.nn.Module:
+def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: str | os.PathLike | None = None) -> torch.nn.Module:
     """Make every attention layer of ``model`` a LoLA layer (in place; returns ``model``).
 
     Each attention module gets a ``lola`` submodule (:class:`lola.LoLAAttention`: feature maps
@@ -46,12 +48,24 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None) -> torc
         model: a transformers Llama-family model (``LlamaForCausalLM``, ``MistralForCausalLM``,
             ``Qwen2ForCausalLM``, …).
         config: the LoLA configuration (default ``LoLAConfig()``).
+        feature_maps: a folder written by ``lola linearize`` (:mod:`lola.linearize.folder`):
+            its trained maps and window factors are loaded into every LoLA layer, and its
+            ``feature_map``, ``feature_dim``, ``mixing`` and ``affine`` fill in whatever
+            ``config`` leaves unset. Refused with a ``ValueError`` if it was trained for a
+            model of another shape or ``config`` sets a conflicting feature map.
     """
     config = LoLAConfig() if config is None else config
     if not isinstance(config, LoLAConfig):
         raise TypeError(f"config must be a lola.LoLAConfig, got {type(config).__name__}")
     if getattr(model, "_lola", None) is not None:
         raise ValueError("LoLA is already applied to this model; call remove_lola(model) first")
+    maps = None
+    if feature_maps is not None:
+        from lola.linearize.folder import check_geometry, read_feature_maps
+
+        maps = read_feature_maps(feature_maps)
+        check_geometry(maps, model)
+        config = maps.merge_into(config)
     modules = attention_modules(model)
     num_layers = len(modules)
     bad = [i for i in config.full_attention_layers if i >= num_layers]
@@ -84,6 +98,19 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None) -> torc
         "modules": by_layer,
         "fingerprint": _fingerprint(model, config, num_layers),
     }
+    if maps is not None:
+        from lola.integrations.transformers.lolcats import load_lolcats_checkpoint
+
+        import re
+
+        # layers kept as full attention have nothing to load
+        keep = {k: v for k, v in maps.tensors.items() if int(re.search(r"layers\.(\d+)\.", k).group(1)) in by_layer}
+        try:
+            load_lolcats_checkpoint(model, keep)
+        except Exception:
+            remove_lola(model)  # leave the model as it came
+            raise
+        model._lola["feature_maps"] = maps.path
     return model
 
 

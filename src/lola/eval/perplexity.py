@@ -1,0 +1,127 @@
+"""Held-out perplexity of full attention, the linearized hybrid and LoLA at given context lengths.
+
+Each context length ``L`` cuts the held-out token stream into non-overlapping windows of ``L``
+tokens; a method's perplexity is ``exp`` of the mean next-token negative log-likelihood over
+every predicted token of every window (``L − 1`` per window), one forward pass per window.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from lola.config import LoLAConfig
+
+__all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
+
+PPL_METHODS = ("full", "lolcats", "lola")
+
+
+class PerplexityRun(BaseModel):
+    """Options of ``lola perplexity``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "smollm2-135m-instruct"
+    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
+    methods: list[Literal["full", "lolcats", "lola"]] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1)
+    feature_maps: str | None = None
+    window: int = Field(64, ge=1)
+    sparse_size: int = Field(64, ge=0)
+    sinks: int = Field(0, ge=0)
+    chunk: int = Field(64, ge=1)
+    policy: str = "sre"
+    windows: int = Field(4, ge=1, description="held-out windows per length (at most)")
+    text: str | None = Field(None, description="UTF-8 text file; None: CPython's pydoc_data.topics")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1)
+
+
+def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
+    """``{method: LoLA config}`` (``None`` = stock attention): ``lolcats`` is the hybrid (window +
+    linear state), ``lola`` adds the sparse cache; the mixing rule comes from the feature maps."""
+    common = dict(window=run.window, sinks=run.sinks, chunk=run.chunk)
+    if run.feature_maps is None:
+        common["mixing"] = "lola_authors"
+    out: dict[str, LoLAConfig | None] = {}
+    for method in run.methods:
+        if method == "full":
+            out["full"] = None
+        elif method == "lolcats":
+            out["lolcats"] = LoLAConfig(sparse_size=0, **common)
+        else:
+            out["lola"] = LoLAConfig(sparse_size=run.sparse_size, policy=run.policy, **common)
+    return out
+
+
+@torch.no_grad()
+def window_nll(model: Any, ids: torch.Tensor, cache: Any = None) -> tuple[float, int]:
+    """Summed next-token NLL over one window ``ids [1, L]`` and the number of predicted tokens."""
+    out = model(ids, cache=cache, use_cache=cache is not None)
+    logits = out.logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
+    return float(nll), ids.shape[1] - 1
+
+
+def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: bool = True) -> dict[str, dict[int, dict[str, float]]]:
+    """``{method: {length: {"ppl": …, "tokens": …, "windows": …}}}`` on the held-out split."""
+    from tqdm.auto import tqdm
+
+    from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+    from lola.linearize.text import encode, load_text, split_text
+
+    _, heldout = split_text(load_text(run.text), run.heldout_fraction)
+    ids = encode(tokenizer, heldout)
+    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    for n in run.lengths:
+        if n < 2:
+            raise ValueError(f"lengths must be >= 2, got {n}")
+        if ids.numel() < n:
+            raise ValueError(f"the held-out text has {ids.numel()} tokens, fewer than one window of {n}")
+        if max_positions and n > max_positions:
+            raise ValueError(f"length {n} exceeds what the model can hold ({max_positions} positions)")
+    configs = perplexity_configs(run)
+    device = next(model.parameters()).device
+    jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n))]
+    bar = tqdm(total=len(jobs), desc="perplexity", disable=not progress)
+    sums: dict[tuple[str, int], list[float]] = {}
+    for method, cfg in configs.items():
+        if cfg is not None:
+            apply_lola(model, cfg, feature_maps=run.feature_maps)
+        try:
+            for m, n, w in jobs:
+                if m != method:
+                    continue
+                window = ids[w * n : (w + 1) * n].view(1, n).to(device)
+                nll, count = window_nll(model, window, LoLACache(model) if cfg is not None else None)
+                acc = sums.setdefault((method, n), [0.0, 0, 0])
+                acc[0] += nll
+                acc[1] += count
+                acc[2] += 1
+                bar.update(1)
+        finally:
+            if cfg is not None:
+                remove_lola(model)
+    bar.close()
+    return {
+        m: {n: {"ppl": math.exp(sums[(m, n)][0] / sums[(m, n)][1]), "tokens": sums[(m, n)][1], "windows": sums[(m, n)][2]} for n in run.lengths}
+        for m in configs
+    }
+
+
+def format_perplexity(results: dict[str, dict[int, dict[str, float]]]) -> str:
+    """A text table: perplexity per method × length, and the ratio to ``full`` when present."""
+    lengths = sorted({n for per in results.values() for n in per})
+    head = f"{'method':<12}" + "".join(f"{n:>16}" for n in lengths)
+    lines = [head, "-" * len(head)]
+    full = results.get("full")
+    for m, per in results.items():
+        cells = []
+        for n in lengths:
+            ppl = per[n]["ppl"]
+            ratio = f" ({ppl / full[n]['ppl']:.2f}x)" if full and m != "full" else ""
+            cells.append(f"{ppl:.2f}{ratio}".rjust(16))
+        lines.append(f"{m:<12}" + "".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,233 @@
+"""Attention transfer (LoLCATs stage 1): train the feature maps to imitate softmax attention.
+
+The base model stays frozen. For every layer, the Hedgehog maps ``φ_q, φ_k`` and the window
+factors are trained so that the sliding-window + linear hybrid
+(:func:`~lola.linearize.hybrid_attention`) reproduces the layer's softmax attention output
+(before ``o_proj``), loss ``1000 · MSE``. A layer's loss depends only on its own
+``(q, k, v)``, so the model runs once over the text (:func:`collect_activations`) and every
+training step then costs one hybrid forward/backward per layer: all layers train together,
+each from its own cached activations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from lola.config import LoLAConfig
+from lola.layer import LoLAAttention, compose
+from lola.linearize.folder import REPORT_FILE, model_geometry, write_feature_maps
+from lola.linearize.hybrid import hybrid_attention
+from lola.linearize.teacher import LayerActivations, collect_activations
+from lola.linearize.text import encode, load_text, split_text, token_chunks
+
+__all__ = ["LinearizeConfig", "hybrid_config", "layer_loss", "linearize"]
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class LinearizeConfig(BaseModel):
+    """Options of ``lola linearize`` (attention transfer)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window: int = Field(64, ge=1, description="exact keys per query of the hybrid (η)")
+    feature_map: Literal["hedgehog", "hedgehog_identity"] = "hedgehog_identity"
+    feature_dim: int = Field(64, ge=1, description="f of the Hedgehog map (F = 2f); = head_dim for hedgehog_identity")
+    mixing: Literal["lolcats", "lola_authors"] = "lolcats"
+    affine: bool = False
+    steps: int = Field(400, ge=1, description="optimizer steps (one text chunk, all layers, per step)")
+    lr: float = Field(1e-2, gt=0)
+    chunk_tokens: int = Field(1024, ge=8)
+    train_chunks: int = Field(24, ge=1, description="text chunks kept as training activations")
+    eval_chunks: int = Field(2, ge=1, description="held-out chunks for the before/after MSE")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1)
+    text: str | None = Field(None, description="UTF-8 training text; None: CPython's pydoc_data.topics")
+    checkpoint_every: int = Field(25, ge=1)
+    seed: int = 0
+
+
+def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
+    """The LoLA configuration of the trained hybrid: window + linear state, no sparse cache."""
+    return LoLAConfig(
+        window=cfg.window, sparse_size=0, sinks=0, schedule="tokenwise",
+        feature_map=cfg.feature_map, feature_dim=cfg.feature_dim, mixing=cfg.mixing, affine=cfg.affine,
+    )
+
+
+def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int) -> torch.Tensor:
+    """``1000 · MSE`` between the hybrid's output and the softmax output on one chunk."""
+    q = acts.q.float()
+    groups = student.num_heads // student.num_kv_heads
+    k, v = (x.float().repeat_interleave(groups, dim=1) for x in (acts.k, acts.v))
+    fq, fk = student.feature_map_q(q), student.feature_map_k(k)
+    gate = torch.sigmoid(student.window_factors.float()).view(-1)
+    y = hybrid_attention(q, k, v, fq, fk, gate, window, student.scale, student.mixing, student.affine)
+    return 1000.0 * torch.mean((y - acts.y.float()) ** 2)
+
+
+def _students(model: torch.nn.Module, cfg: LinearizeConfig) -> dict[int, LoLAAttention]:
+    from lola.integrations.transformers.apply import _geometry, attention_modules
+
+    hybrid = hybrid_config(cfg)
+    students = {}
+    for module in attention_modules(model):
+        heads, kv_heads, head_dim = _geometry(module)
+        layer_cfg = hybrid.model_copy(update={"scale": float(getattr(module, "scaling", head_dim**-0.5))})
+        students[module.layer_idx] = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads)
+    return students
+
+
+def _tensors(students: dict[int, LoLAAttention]) -> dict[str, torch.Tensor]:
+    """LoLCATs-named tensors of every student."""
+    out = {}
+    for i, s in students.items():
+        prefix = f"model.layers.{i}.self_attn."
+        out[prefix + "feature_map_q.mlp.layer"] = s.feature_map_q.mlp.layer
+        out[prefix + "feature_map_k.mlp.layer"] = s.feature_map_k.mlp.layer
+        out[prefix + "window_factors"] = s.window_factors
+    return out
+
+
+@torch.no_grad()
+def _eval_mse(students: dict[int, LoLAAttention], acts: list[dict[int, LayerActivations]], window: int) -> dict[int, float]:
+    return {i: sum(layer_loss(s, a[i], window).item() for a in acts) / len(acts) / 1000.0 for i, s in students.items()}
+
+
+def _versions() -> dict:
+    import transformers
+
+    import lola
+
+    return {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def linearize(
+    model: torch.nn.Module,
+    tokenizer,
+    cfg: LinearizeConfig,
+    out: str | Path,
+    model_name: str | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Train feature maps for every attention layer of ``model`` and write the folder ``out``.
+
+    Resumable: ``out/checkpoint.pt`` (written every ``cfg.checkpoint_every`` steps) is picked
+    up by a later call with the same configuration (``steps`` may grow).
+
+    Args:
+        model: a stock transformers Llama-family decoder (frozen; not modified).
+        tokenizer: its tokenizer (``tokenizer(text, add_special_tokens=False)["input_ids"]``).
+        cfg: the training options.
+        out: output folder (see :mod:`lola.linearize.folder`).
+        model_name: recorded in the folder's config and report.
+        progress: show tqdm progress bars.
+        log: where one-line status messages go.
+
+    Returns:
+        The report written to ``out/report.json``.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    geometry = model_geometry(model)
+
+    text = load_text(cfg.text)
+    train_text, heldout_text = split_text(text, cfg.heldout_fraction)
+    train = token_chunks(encode(tokenizer, train_text), cfg.chunk_tokens, cfg.train_chunks)
+    heldout = token_chunks(encode(tokenizer, heldout_text), cfg.chunk_tokens, cfg.eval_chunks)
+    log(f"text: {len(text):,} characters ({'pydoc_data.topics' if cfg.text is None else cfg.text}); "
+        f"{train.shape[0]} training and {heldout.shape[0]} held-out chunks of {cfg.chunk_tokens} tokens")
+
+    t0 = time.perf_counter()
+    bar = (lambda it: tqdm(it, desc="teacher activations", unit="chunk")) if progress else None
+    train_acts = collect_activations(model, train, progress=bar)
+    eval_acts = collect_activations(model, heldout)
+    collect_s = time.perf_counter() - t0
+
+    students = _students(model, cfg)
+    params = [p for s in students.values() for p in s.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step / cfg.steps, 1.0))))
+    mse_before = _eval_mse(students, eval_acts, cfg.window)
+
+    start, losses, train_s = 0, [], 0.0
+    ckpt = out / CHECKPOINT_FILE
+    if ckpt.is_file():
+        state = torch.load(ckpt, weights_only=True)  # never unpickle arbitrary objects
+        saved = LinearizeConfig.model_validate(state["config"])
+        if saved.model_copy(update={"steps": cfg.steps}) != cfg:
+            diff = {k: (v, getattr(cfg, k)) for k, v in saved.model_dump().items() if k != "steps" and v != getattr(cfg, k)}
+            raise ValueError(f"{ckpt} was written by a run with other options {diff} (saved, requested); use another --out or the same options")
+        for i, s in students.items():
+            s.load_state_dict(state["students"][str(i)])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        start, losses, train_s = int(state["step"]), list(state["losses"]), float(state["train_s"])
+        mse_before = {int(k): v for k, v in state["mse_before"].items()}
+        log(f"resuming from step {start} of {cfg.steps} ({ckpt})")
+
+    def save_checkpoint(step: int) -> None:
+        state = {
+            "step": step, "config": cfg.model_dump(), "losses": losses, "train_s": train_s,
+            "mse_before": {str(k): v for k, v in mse_before.items()},
+            "students": {str(i): s.state_dict() for i, s in students.items()},
+            "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+        }
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(ckpt)  # a crash mid-write never leaves a broken checkpoint
+
+    order = torch.randperm(len(train_acts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    steps = range(start, cfg.steps)
+    bar = tqdm(steps, desc="attention transfer", unit="step", initial=start, total=cfg.steps) if progress else steps
+    for step in bar:
+        t = time.perf_counter()
+        acts = train_acts[order[step % len(order)]]
+        total = 0.0
+        for i, s in students.items():
+            loss = layer_loss(s, acts[i], cfg.window)
+            loss.backward()  # layer by layer: one layer's graph alive at a time
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        losses.append(total / len(students))
+        train_s += time.perf_counter() - t
+        if progress:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(step + 1)
+
+    mse_after = _eval_mse(students, eval_acts, cfg.window)
+    write_feature_maps(out, _tensors(students), hybrid_config(cfg), geometry, model_name)
+    report = {
+        "model": model_name,
+        "geometry": geometry,
+        "config": cfg.model_dump(),
+        "text": {"source": cfg.text or "pydoc_data.topics", "characters": len(text), "train_tokens": int(train.numel()), "heldout_tokens": int(heldout.numel())},
+        "steps": cfg.steps,
+        "seconds": {"teacher_activations": round(collect_s, 1), "training": round(train_s, 1)},
+        "mse_heldout_before": {str(k): v for k, v in mse_before.items()},
+        "mse_heldout_after": {str(k): v for k, v in mse_after.items()},
+        "mse_heldout_mean": {"before": sum(mse_before.values()) / len(mse_before), "after": sum(mse_after.values()) / len(mse_after)},
+        "train_loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None, "every_step": losses},
+        "versions": _versions(),
+    }
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    log(f"held-out MSE (mean over layers): {report['mse_heldout_mean']['before']:.3e} -> {report['mse_heldout_mean']['after']:.3e}; "
+        f"training {train_s / 60:.1f} min; wrote {out}")
+    return report

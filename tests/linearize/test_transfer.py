@@ -1,0 +1,138 @@
+"""Attention transfer on a tiny random model: loss goes down, files, resume, loading, refusal."""
+
+import json
+
+import pytest
+import torch
+
+import lola
+from lola.cli import main
+from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+from lola.linearize import LinearizeConfig, linearize, read_feature_maps
+from lola.linearize.transfer import CHECKPOINT_FILE
+from lola.models import tiny_random
+
+CFG = LinearizeConfig(steps=12, chunk_tokens=96, train_chunks=3, eval_chunks=1, window=8, checkpoint_every=4, lr=3e-2)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("maps")
+    model, tok = tiny_random()
+    report = linearize(model, tok, CFG, out, model_name="tiny", progress=False, log=lambda s: None)
+    return out, report
+
+
+def test_loss_goes_down_and_files_are_written(trained):
+    out, report = trained
+    assert report["mse_heldout_mean"]["after"] < report["mse_heldout_mean"]["before"]
+    assert {p.name for p in out.iterdir()} >= {"feature_maps.safetensors", "lola_config.json", "report.json", CHECKPOINT_FILE}
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["steps"] == 12 and len(saved["train_loss"]["every_step"]) == 12
+    assert set(saved["mse_heldout_before"]) == {"0", "1"} and saved["versions"]["torch"] == torch.__version__
+    maps = read_feature_maps(out)
+    assert maps.geometry == {"num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+    assert maps.config.window == 8 and maps.config.sparse_size == 0
+
+
+def test_resume_continues_where_it_stopped(tmp_path, monkeypatch):
+    import lola.linearize.transfer as transfer
+
+    model, tok = tiny_random()
+    real, calls = transfer.layer_loss, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) > 2 + 2 * 8:  # the 2-layer held-out eval, then 8 training steps
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(transfer, "layer_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        linearize(model, tok, CFG, tmp_path / "a", progress=False, log=lambda s: None)
+    assert torch.load(tmp_path / "a" / CHECKPOINT_FILE, weights_only=True)["step"] == 8
+    monkeypatch.setattr(transfer, "layer_loss", real)
+    logs = []
+    resumed = linearize(model, tok, CFG, tmp_path / "a", progress=False, log=logs.append)
+    whole = linearize(model, tok, CFG, tmp_path / "b", progress=False, log=lambda s: None)
+    assert any("resuming from step 8" in line for line in logs)
+    assert len(resumed["train_loss"]["every_step"]) == 12
+    assert resumed["train_loss"]["every_step"] == pytest.approx(whole["train_loss"]["every_step"], rel=1e-5)
+    a, b = read_feature_maps(tmp_path / "a").tensors, read_feature_maps(tmp_path / "b").tensors
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_resume_with_other_options_is_refused(tmp_path):
+    model, tok = tiny_random()
+    linearize(model, tok, CFG.model_copy(update={"steps": 4}), tmp_path, progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="other options"):
+        linearize(model, tok, CFG.model_copy(update={"lr": 1e-3}), tmp_path, progress=False, log=lambda s: None)
+
+
+def test_apply_lola_loads_the_trained_maps(trained):
+    out, _ = trained
+    model, tok = tiny_random()
+    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=1), feature_maps=out)
+    maps = read_feature_maps(out)
+    attn = model._lola["modules"][1]
+    torch.testing.assert_close(attn.feature_map_q.mlp.layer.detach(), maps.tensors["model.layers.1.self_attn.feature_map_q.mlp.layer"])
+    torch.testing.assert_close(attn.window_factors.detach().flatten(), maps.tensors["model.layers.1.self_attn.window_factors"].flatten())
+    assert model._lola["config"].mixing == maps.config.mixing  # filled in from the folder
+    ids = tok("The quick brown fox jumps over the lazy dog. " * 4, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.isfinite(model(ids, cache=LoLACache(model)).logits).all()
+    remove_lola(model)
+
+
+def test_the_hybrid_reduces_the_error_of_the_real_layers(trained):
+    """The trained maps, run through apply_lola's real LoLA layers (Tokenwise, no sparse
+    cache), imitate the model's attention outputs better than the untrained ones."""
+    out, _ = trained
+    model, tok = tiny_random()
+    ids = tok("Held-out check: " + "lorem ipsum dolor sit amet " * 8, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        full = model(ids).logits
+        errors = []
+        for maps in (None, out):
+            apply_lola(model, lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", mixing="lolcats", feature_map="hedgehog_identity"), feature_maps=maps)
+            errors.append((model(ids, cache=LoLACache(model)).logits - full).square().mean().item())
+            remove_lola(model)
+    assert errors[1] < errors[0]
+
+
+def test_feature_maps_for_another_model_are_refused(trained):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out, _ = trained
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="num_layers: maps 2 vs model 3"):
+        apply_lola(other, lola.LoLAConfig(), feature_maps=out)
+    assert getattr(other, "_lola", None) is None
+
+
+def test_conflicting_feature_map_is_refused(trained):
+    out, _ = trained
+    model, _ = tiny_random()
+    with pytest.raises(ValueError, match="feature_map='elu' conflicts"):
+        apply_lola(model, lola.LoLAConfig(feature_map="elu"), feature_maps=out)
+
+
+def test_missing_or_foreign_folder_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_feature_maps(tmp_path / "nope")
+    (tmp_path / "feature_maps.safetensors").write_bytes(b"")
+    (tmp_path / "lola_config.json").write_text('{"format": "something-else"}')
+    with pytest.raises(ValueError, match="not a lola feature-map description"):
+        read_feature_maps(tmp_path)
+
+
+def test_cli_quick_run_and_niah_with_feature_maps(tmp_path, capsys):
+    out = tmp_path / "maps"
+    assert main(["linearize", "--quick", "--out", str(out)]) == 0
+    assert (out / "feature_maps.safetensors").is_file()
+    assert main(["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(out), "--length", "64", "--windows", "1", "--window", "16", "--sparse-size", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "lolcats" in text and "lola" in text and "x)" in text
+    assert main(["niah", "--model", "tiny-random-llama", "--feature-maps", str(tmp_path / "nope"), "--out", str(tmp_path / "n")]) == 2
+    assert "not a feature-map folder" in capsys.readouterr().err

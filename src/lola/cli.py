@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--methods", nargs="+", help="any of full window lolcats lola (default all)")
     niah.add_argument("--policies", nargs="+", help="scoring policies for the lola method (default sre)")
     niah.add_argument("--window", type=int, help="window of the lola method (default 60)")
-    niah.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 64)")
+    niah.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 192)")
     niah.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
     niah.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
     niah.add_argument("--mixing", help="mixing rule of the lola method (default softmax_only; with --feature-maps, theirs)")

@@ -1,0 +1,51 @@
+"""Held-out perplexity: agrees with transformers' own loss, and LoLA with a window that covers
+the whole context is full attention."""
+
+import math
+
+import pytest
+import torch
+
+from lola.eval.perplexity import PerplexityRun, format_perplexity, perplexity_configs, run_perplexity, window_nll
+from lola.linearize.text import encode, load_text, split_text
+from lola.models import tiny_random
+
+
+def test_window_nll_matches_the_model_loss():
+    model, tok = tiny_random()
+    ids = encode(tok, "The quick brown fox jumps over the lazy dog. " * 3)[None, :100]
+    nll, n = window_nll(model, ids)
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss  # transformers shifts the labels itself
+    assert n == 99
+    assert nll / n == pytest.approx(float(loss), rel=1e-5)
+
+
+def test_a_window_covering_the_context_is_full_attention():
+    model, tok = tiny_random()
+    run = PerplexityRun(model="tiny-random-llama", lengths=[64, 128], windows=2, window=128, sparse_size=0, methods=["full", "lolcats"])
+    res = run_perplexity(run, model, tok, progress=False)
+    for n in (64, 128):
+        assert res["lolcats"][n]["ppl"] == pytest.approx(res["full"][n]["ppl"], rel=1e-4)
+        assert res["full"][n]["windows"] == 2 and res["full"][n]["tokens"] == 2 * (n - 1)
+    # and the held-out windows are the last 10% of the text, in order
+    _, heldout = split_text(load_text())
+    ids = encode(tok, heldout)
+    nll = sum(window_nll(model, ids[w * 64 : (w + 1) * 64][None])[0] for w in range(2))
+    assert res["full"][64]["ppl"] == pytest.approx(math.exp(nll / 126), rel=1e-5)
+
+
+def test_a_small_window_changes_the_result():
+    model, tok = tiny_random()
+    run = PerplexityRun(model="tiny-random-llama", lengths=[128], windows=1, window=8, sparse_size=0, methods=["full", "lolcats"])
+    res = run_perplexity(run, model, tok, progress=False)
+    assert abs(res["lolcats"][128]["ppl"] / res["full"][128]["ppl"] - 1) > 1e-6  # a random model barely uses attention
+    assert "(" in format_perplexity(res)
+
+
+def test_configs_and_bad_lengths():
+    cfgs = perplexity_configs(PerplexityRun(window=32, sparse_size=16))
+    assert cfgs["full"] is None and cfgs["lolcats"].sparse_size == 0 and cfgs["lola"].sparse_size == 16
+    model, tok = tiny_random()
+    with pytest.raises(ValueError, match="exceeds what the model can hold"):
+        run_perplexity(PerplexityRun(lengths=[10_000]), model, tok, progress=False)

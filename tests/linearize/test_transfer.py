@@ -136,3 +136,24 @@ def test_cli_quick_run_and_niah_with_feature_maps(tmp_path, capsys):
     assert "lolcats" in text and "lola" in text and "x)" in text
     assert main(["niah", "--model", "tiny-random-llama", "--feature-maps", str(tmp_path / "nope"), "--out", str(tmp_path / "n")]) == 2
     assert "not a feature-map folder" in capsys.readouterr().err
+
+
+def test_niah_methods_take_the_trained_mixing_unless_told_otherwise(trained):
+    from lola.eval.runner import NiahRun, method_configs
+
+    out, _ = trained
+    small = dict(window=8, sparse_size=8, sinks=2, chunk=8)
+    cfgs = method_configs(NiahRun(feature_maps=str(out), **small))
+    assert "mixing" not in cfgs["lolcats"].model_fields_set and "mixing" not in cfgs["lola-sre"].model_fields_set
+    assert cfgs["window"].mixing == "softmax_only"
+    model, _ = tiny_random()
+    apply_lola(model, cfgs["lolcats"], feature_maps=out)
+    assert model._lola["config"].mixing == "lolcats" == read_feature_maps(out).config.mixing
+    remove_lola(model)
+    told = method_configs(NiahRun(feature_maps=str(out), mixing="softmax_only", **small))
+    apply_lola(model, told["lola-sre"], feature_maps=out)
+    assert model._lola["config"].mixing == "softmax_only"
+    remove_lola(model)
+    # without feature maps: softmax_only for lola, lola_authors for the hybrid (as before)
+    plain = method_configs(NiahRun(**small))
+    assert plain["lola-sre"].mixing == "softmax_only" and plain["lolcats"].mixing == "lola_authors"

@@ -170,7 +170,7 @@ def test_state_dict_with_unknown_keys_is_refused(attn):
 
 
 def test_gradients_reach_feature_maps_and_window_factors():
-    cfg = lola.LoLAConfig(window=2, sparse_size=2, sinks=1, chunk=2, feature_map="hedgehog")
+    cfg = lola.LoLAConfig(window=2, sparse_size=2, sinks=1, chunk=2, feature_map="hedgehog", mixing="lolcats")
     attn = lola.compose(cfg, num_heads=2, head_dim=8)
     q, k, v = inputs(h=2, h_kv=2)
     o, _ = attn(q, k, v)
@@ -199,3 +199,24 @@ def test_per_head_sizes_must_match_the_storage_heads():
         lola.compose(lola.LoLAConfig(window_per_head=[1, 2, 3]), num_heads=4, head_dim=8, num_kv_heads=2)
     with pytest.raises(ValueError, match="sparse_size_per_head"):
         lola.compose(lola.LoLAConfig(sparse_size_per_head=[1, 2], gqa_storage="query_head"), num_heads=4, head_dim=8, num_kv_heads=2)
+
+
+def test_per_head_sparse_sizes_with_gqa_resume_exactly():
+    # Ragged sparse storage (a streaming head with no sparse slots) survives save, load and
+    # split-and-resume bit for bit, and a GQA group reads its own head's slots.
+    cfg = lola.LoLAConfig(window=3, sparse_size_per_head=[5, 0], sinks=1, chunk=4)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    q, k, v = inputs(b=2, t=33, h=4, h_kv=2)
+    o, whole = attn(q, k, v)
+    o1, part = attn(q[:, :20], k[:, :20], v[:, :20])
+    resumed = attn.new_state()
+    resumed.load_state_dict(part.state_dict())
+    o2, resumed = attn(q[:, 20:], k[:, 20:], v[:, 20:], state=resumed)
+    assert torch.equal(torch.cat([o1, o2], dim=1), o)
+    for key, t in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], t), key
+    assert whole.state_dict()["sparse.k"].shape == (2, 1, 5, 8)
+    for h in range(2):  # each K/V head's group equals a 2-query-head layer with that head's size alone
+        one = lola.compose(lola.LoLAConfig(window=3, sparse_size=[5, 0][h], sinks=1, chunk=4), num_heads=2, head_dim=8, num_kv_heads=1)
+        o_h, _ = one(q[:, :, 2 * h : 2 * h + 2], k[:, :, h : h + 1], v[:, :, h : h + 1])
+        assert_rel_close(o_h, o[:, :, 2 * h : 2 * h + 2], 1e-5, f"kv head {h}")

@@ -21,10 +21,13 @@ def _niah(args: argparse.Namespace) -> int:
 
     from lola.eval.runner import NiahRun, format_depth_summary, format_summary, run_niah, summarize, summarize_by_depth
 
-    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "feature_maps", "max_new_tokens", "seed", "haystack_file", "needle", "question")
+    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "feature_maps", "max_new_tokens", "seed", "haystack_file", "needle", "question", "answer_prefix", "budgets")
     try:
         options = _read_config(args.config) if args.config else {}
         options.update({f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+        batch_size = int(options.pop("batch_size", 1) if args.batch_size is None else args.batch_size)
+        if batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
         run = NiahRun(**options)
     except (OSError, ValueError) as err:
         errors = err.errors() if isinstance(err, pydantic.ValidationError) else [{"loc": ("config",), "msg": str(err)}]
@@ -36,7 +39,7 @@ def _niah(args: argparse.Namespace) -> int:
 
     try:
         model, tok = models.load(run.model)
-        records = run_niah(run, model, tok, args.out or f"results/niah-{run.task}")
+        records = run_niah(run, model, tok, args.out or f"results/niah-{run.task}", batch_size=batch_size)
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
         print(f"lola niah: {err}", file=sys.stderr)
         return 2
@@ -123,6 +126,34 @@ def _perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lola.eval.calibrate import calibrate
+
+    for name in ("length", "prompts"):
+        if getattr(args, name) < 1:
+            print(f"lola calibrate: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    if out.exists() and not out.is_file():
+        print(f"lola calibrate: --out {args.out} is not a file", file=sys.stderr)
+        return 2
+    from lola import models
+
+    try:
+        model, tok = models.load(args.model)
+        budgets = calibrate(model, tok, model_name=args.model, length=args.length, prompts=args.prompts, sparse_size=args.sparse_size, power=args.power, floor=args.floor, seed=args.seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        budgets.save(out)
+    except (ValueError, FileNotFoundError, RuntimeError, OSError) as err:
+        print(f"lola calibrate: {err}", file=sys.stderr)
+        return 2
+    print(budgets.summary())
+    print(f"\nbudgets: {out} (use with `lola niah --budgets {out}` or lola.budgets.load)")
+    return 0
+
+
 def _read_config(path: str) -> dict:
     """Options from a JSON or YAML file (keys are NiahRun fields)."""
     import json
@@ -169,7 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--haystack-file", dest="haystack_file", help="a text whose sentences replace the noise haystack (niah_single_1)")
     niah.add_argument("--needle", help="needle template with {key} and {value} (with --question)")
     niah.add_argument("--question", help="question template with {key} (with --needle)")
-    niah.add_argument("--config", help="a JSON or YAML file of options; command-line options override it")
+    niah.add_argument("--answer-prefix", dest="answer_prefix", help="with --question: text that starts the answer, with {key}")
+    niah.add_argument("--budgets", help="sparse budgets of the lola method: uniform (default), a shipped name (e.g. smollm2-135m-instruct) or a `lola calibrate` file")
+    niah.add_argument("--batch-size", dest="batch_size", type=int, help="samples of one length generated as one left-padded batch (default 1)")
+    niah.add_argument("--config", help="a JSON or YAML file of options (also `variants`: named LoLA configs to compare); command-line options override it")
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
     niah.set_defaults(func=_niah)
 
@@ -190,6 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     lin.add_argument("--seed", type=int)
     lin.add_argument("--quick", action="store_true", help="a few short steps on a tiny random model (smoke test)")
     lin.set_defaults(func=_linearize)
+
+    cal = sub.add_parser("calibrate", help="find the retrieval heads of a model and write per-head sparse budgets")
+    cal.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    cal.add_argument("--out", required=True, help="budgets JSON file to write (use with `lola niah --budgets FILE`)")
+    cal.add_argument("--length", type=int, default=2048, help="tokens per calibration prompt (default 2048)")
+    cal.add_argument("--prompts", type=int, default=16, help="calibration prompts (default 16)")
+    cal.add_argument("--sparse-size", dest="sparse_size", type=int, default=192, help="the uniform sparse size to redistribute (default 192)")
+    cal.add_argument("--power", type=float, default=0.5, help="budget ∝ score ** power (default 0.5)")
+    cal.add_argument("--floor", type=int, default=0, help="sparse slots every head keeps (default 0)")
+    cal.add_argument("--seed", type=int, default=0)
+    cal.set_defaults(func=_calibrate)
 
     ppl = sub.add_parser("perplexity", help="held-out perplexity of full attention, the hybrid (lolcats) and LoLA")
     ppl.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")

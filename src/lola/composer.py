@@ -23,6 +23,7 @@ import torch
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
 from lola.memory.base import ExactStore, KVBlock, QueryBlock
 from lola.memory.linear_state import LinearState
+from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
 from lola.memory.sparse import SparseCache
 from lola.memory.window import SlidingWindow
@@ -49,6 +50,10 @@ class LoLAMemory:
         sinks: pinned first tokens, or ``None``.
         linear: the linear state (a fresh :class:`~lola.memory.LinearState` by default).
         storage: ``"kv_head"`` or ``"query_head"``, see :class:`lola.LoLAConfig`.
+        queries: running statistics of the layer's queries for the policy's
+            :class:`~lola.policies.ScoringContext`; built automatically (with the policy's
+            ``query_half_life``, default 64) when the policy sets ``needs_queries = True``.
+        layer: the layer's index in its model (given to the policy), or ``None``.
     """
 
     def __init__(
@@ -61,6 +66,8 @@ class LoLAMemory:
         sinks: SinkTokens | None = None,
         linear: LinearState | None = None,
         storage: str = "kv_head",
+        queries: QueryStatistics | None = None,
+        layer: int | None = None,
     ) -> None:
         if window.max_pending < schedule.period:
             raise ValueError(
@@ -76,6 +83,10 @@ class LoLAMemory:
         self.policy = policy
         self.schedule = schedule
         self.storage = storage
+        if queries is None and getattr(policy, "needs_queries", False):
+            queries = QueryStatistics(getattr(policy, "query_half_life", 64.0))
+        self.queries = queries
+        self.layer = layer
         self.seen: torch.Tensor | None = None
         self.num_heads = 0
 
@@ -95,6 +106,7 @@ class LoLAMemory:
             "policy": repr(self.policy),
             "schedule": repr(self.schedule),
             "storage": self.storage,
+            "queries": repr(self.queries),
         }
 
     @property
@@ -118,6 +130,8 @@ class LoLAMemory:
         for m in self.exact_memories:
             m.allocate(batch, storage_heads, head_dim, dtype, device, track)
         self.linear.allocate(batch, num_heads, feature_dim, head_dim, device)
+        if self.queries is not None:
+            self.queries.allocate(batch, num_heads, head_dim, device)
         self.seen = torch.zeros(batch, dtype=torch.long, device=device)
         self.num_heads = num_heads
 
@@ -126,7 +140,7 @@ class LoLAMemory:
         if self.seen is None:
             return {}
         out = {"seen": self.seen}
-        for m in [*self.exact_memories, self.linear]:
+        for m in self._stateful():
             out.update({f"{m.name}.{k}": t for k, t in m.state_dict().items()})
         return out
 
@@ -135,7 +149,7 @@ class LoLAMemory:
         if "seen" not in state:
             raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
         known = {"seen"}
-        for m in [*self.exact_memories, self.linear]:
+        for m in self._stateful():
             part = {k.split(".", 1)[1]: t for k, t in state.items() if k.startswith(m.name + ".")}
             known |= {f"{m.name}.{k}" for k in part}
             m.load_state_dict(part)
@@ -149,10 +163,13 @@ class LoLAMemory:
 
     def reset(self) -> None:
         """Forget everything; the next call allocates afresh."""
-        for m in [*self.exact_memories, self.linear]:
+        for m in self._stateful():
             m.reset()
         self.seen = None
         self.num_heads = 0
+
+    def _stateful(self) -> list:
+        return [*self.exact_memories, self.linear, *([self.queries] if self.queries is not None else [])]
 
     # -- the engine ------------------------------------------------------------------------------
     def attend(
@@ -216,9 +233,11 @@ class LoLAMemory:
                 counted = active & ~(stepping[:, None] & (j[None, :] == last[:, None]))
                 self._observe(parts, exact, counted)
             self.seen = self.seen + length
+            if self.queries is not None:
+                self.queries.update(q_c, active)
 
             if bool(stepping.any()):
-                self._step(stepping, feature_map_k)
+                self._step(stepping, feature_map_k, scale)
                 # The query on which the step fell reads the memory as it is after the step.
                 q1, fq1 = _take(q_c, last[:, None]), _take(fq_c, last[:, None])
                 pos1 = torch.where(stepping[:, None], pos.gather(1, last[:, None]), -1)
@@ -271,13 +290,13 @@ class LoLAMemory:
             hs = mem.block.k.shape[1]
             mem.observe_attention(w.unflatten(1, (hs, -1)).sum(dim=2))
 
-    def _step(self, rows: torch.Tensor, feature_map_k: FeatureFn) -> None:
+    def _step(self, rows: torch.Tensor, feature_map_k: FeatureFn, scale: float) -> None:
         """Select-and-evict for ``rows [B]``: window overflow + sparse cache → top-λ, rest → ``H, s``."""
         leaving = self.window.pop_oldest(rows)
         if not bool(leaving.valid.any()):
             return
         candidates = KVBlock.cat([leaving, self.sparse.block])
-        ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1)
+        ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1, scale=scale, layer=self.layer, queries=self.queries)
         scores = self.policy.score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
         if scores.shape != candidates.pos.shape:
             raise ValueError(f"policy {self.policy!r} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
@@ -288,7 +307,9 @@ class LoLAMemory:
     def __repr__(self) -> str:
         return (
             f"LoLAMemory(sinks={self.sinks!r}, window={self.window!r}, sparse={self.sparse!r}, "
-            f"policy={self.policy!r}, schedule={self.schedule!r}, storage={self.storage!r})"
+            f"policy={self.policy!r}, schedule={self.schedule!r}, storage={self.storage!r}"
+            + (f", queries={self.queries!r}" if self.queries is not None else "")
+            + ")"
         )
 
 

@@ -30,11 +30,13 @@ class LoLAConfig(BaseModel):
         policy: name of a registered scoring policy (``"sre"``, ``"attention"``, ``"recency"``,
             ``"random"``, ``"key_norm"`` or a plug-in's name).
         policy_kwargs: keyword arguments for the policy (e.g. ``{"seed": 1}`` for ``random``).
-        mixing: ``"lola_authors"`` (default: the LoLA authors' rule; its unshifted softmax
-            sums let an exact match dominate, which also works with untrained feature maps),
-            ``"lolcats"`` (what LoLCATs checkpoints were trained with; with an untrained map
-            its linear term dominates and outputs degrade) or ``"softmax_only"`` (see
-            :mod:`lola.core.mixing`).
+        mixing: ``"softmax_only"`` (default: the output reads the exact tokens alone and the
+            linear state only informs the scoring policy, which keeps an untrained model's text
+            intact), ``"lola_authors"`` (the LoLA authors' rule) or ``"lolcats"`` (what
+            LoLCATs checkpoints were trained with). With untrained feature maps the two rules
+            that add the linear state change the model's output (measured: loops on prose);
+            :func:`~lola.integrations.transformers.apply_lola` with trained maps uses the rule
+            they were trained with unless one is set here (see :mod:`lola.core.mixing`).
         affine: with ``lolcats`` mixing, weight the linear term by ``1 − w`` instead of ``1``.
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
@@ -64,7 +66,7 @@ class LoLAConfig(BaseModel):
     schedule: Literal["chunkwise", "tokenwise"] = "chunkwise"
     policy: str = "sre"
     policy_kwargs: dict[str, Any] = Field(default_factory=dict)
-    mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "lola_authors"
+    mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
     affine: bool = False
     window_factor_init: float = -2.1972
     feature_map: Literal["hedgehog", "hedgehog_identity", "elu", "taylor"] = "hedgehog_identity"

@@ -190,8 +190,9 @@ def _as_bool_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return mask.bool()
 
 
-def memory_from_config(cfg: LoLAConfig) -> LoLAMemory:
-    """An empty :class:`LoLAMemory` built from ``cfg`` (sinks, window, sparse cache, policy, schedule)."""
+def memory_from_config(cfg: LoLAConfig, layer: int | None = None) -> LoLAMemory:
+    """An empty :class:`LoLAMemory` built from ``cfg`` (sinks, window, sparse cache, policy,
+    schedule) for layer ``layer`` of a model (``None``: a standalone layer)."""
     schedule = Tokenwise() if cfg.schedule == "tokenwise" else Chunkwise(cfg.chunk)
     return LoLAMemory(
         sinks=SinkTokens(cfg.sinks),
@@ -201,10 +202,11 @@ def memory_from_config(cfg: LoLAConfig) -> LoLAMemory:
         policy=build_policy(cfg.policy, **cfg.policy_kwargs),
         schedule=schedule,
         storage=cfg.gqa_storage,
+        layer=layer,
     )
 
 
-def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | None = None) -> LoLAAttention:
+def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | None = None, layer: int | None = None) -> LoLAAttention:
     """Build a :class:`LoLAAttention` from a config.
 
     Args:
@@ -212,6 +214,7 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         num_heads: query heads ``H``.
         head_dim: ``D``.
         num_kv_heads: K/V heads ``H_kv`` (``H`` if ``None``).
+        layer: the layer's index in its model, passed to the scoring policy.
 
     Example::
 
@@ -230,7 +233,7 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         num_heads,
         head_dim,
         num_kv_heads,
-        memory_factory=lambda: memory_from_config(cfg),
+        memory_factory=lambda: memory_from_config(cfg, layer),
         feature_map_q=build_feature_map(cfg.feature_map, num_heads, head_dim, cfg.feature_dim),
         feature_map_k=build_feature_map(cfg.feature_map, num_heads, head_dim, cfg.feature_dim),
         mixing=cfg.mixing,

@@ -104,3 +104,54 @@ def test_other_tasks_run_end_to_end(tmp_path, task):
     run = NiahRun(task=task, lengths=[300], samples=1, methods=["full", "lola"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2)
     records = run_niah(run, tiny("llama"), TinyTokenizer(), tmp_path, progress=False)
     assert len(records) == 2 and all(r["answers"] for r in records)
+
+
+def test_batched_samples_equal_samples_run_alone(tmp_path):
+    # Left-padded batches of prompts of different lengths: the same answers as one at a time.
+    hay = tmp_path / "prose.txt"  # sentences of varied length: prompts of varied length
+    hay.write_text(" ".join("word " * (1 + (i * 7) % 11) + "end." for i in range(200)))
+    run = NiahRun(lengths=[200, 260], samples=3, methods=["full", "window", "lola"], policies=["sre", "expected_attention"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=4, haystack_file=str(hay))
+    model, tok = tiny("llama"), TinyTokenizer()
+    alone = run_niah(run, model, tok, tmp_path / "alone", progress=False)
+    batched = run_niah(run, model, tok, tmp_path / "batched", progress=False, batch_size=3)
+    key = lambda r: (r["method"], r["length"], r["index"])  # noqa: E731
+    assert len({r["prompt_tokens"] for r in alone}) > 2  # the batches really are padded
+    a, b = {key(r): r for r in alone}, {key(r): r for r in batched}
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k]["prediction"] == b[k]["prediction"], k
+        if not k[0] == "full":
+            assert a[k]["cache_bytes"] == b[k]["cache_bytes"], k
+    with pytest.raises(ValueError, match="batch_size"):
+        run_niah(run, model, tok, tmp_path / "x", progress=False, batch_size=0)
+
+
+def test_variants_and_budgets_build_named_methods(tmp_path):
+    from lola.budgets import HeadBudgets
+
+    path = tmp_path / "budgets.json"
+    HeadBudgets(sparse_size_per_head=[[16, 0], [0, 16]], uniform_sparse_size=8, scores=[[1, 0], [0, 1]], power=1.0).save(path)
+    run = NiahRun(lengths=[200], samples=1, methods=["lola"], window=8, sparse_size=8, sinks=2, chunk=8, budgets=str(path),
+                  variants={"ea-span": {"policy": "span", "policy_kwargs": {"policy": "expected_attention"}}, "uniform-sre": {"policy": "sre", "budgets": "uniform"}})
+    cfgs = method_configs(run)
+    assert list(cfgs) == ["lola-sre", "lola-ea-span", "lola-uniform-sre"]
+    assert cfgs["lola-sre"].for_layer(1).sparse_size_per_head == [0, 16]
+    assert cfgs["lola-uniform-sre"].sparse_size_per_head is None and not cfgs["lola-uniform-sre"].layer_overrides
+    records = run_niah(run, tiny("llama"), TinyTokenizer(), tmp_path / "o", progress=False)
+    by = {r["method"]: r["cache_bytes"] for r in records}
+    assert by["lola-sre"] <= by["lola-uniform-sre"]  # the same sparse slots in total, ragged
+    with pytest.raises(ValueError, match="variant 'bad'"):
+        NiahRun(variants={"bad": {"window": -1}})
+    with pytest.raises(ValueError, match="no shipped budgets"):
+        NiahRun(budgets="nope")
+
+
+def test_summary_has_wilson_intervals():
+    from lola.eval.runner import wilson_interval
+
+    low, high = wilson_interval(14, 20)
+    assert 45 < low < 50 and 85 < high < 88  # 70% of 20: about 48-85%
+    assert wilson_interval(0, 20)[0] == 0 and wilson_interval(20, 20)[1] == 100
+    recs = [{"method": "m", "length": 1, "score": s, "cache_bytes": 1} for s in (1, 0, 1, 1)]
+    row = summarize(recs)["m"][1]
+    assert row["low"] < row["accuracy"] == 75.0 < row["high"]

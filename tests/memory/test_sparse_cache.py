@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from lola.memory import KVBlock, SparseCache
@@ -29,3 +30,46 @@ def test_zero_capacity_evicts_everything():
     cache.allocate(1, 1, 1, torch.float32, torch.device("cpu"), False)
     cands = KVBlock(torch.zeros(1, 1, 2, 1), torch.zeros(1, 1, 2, 1), torch.tensor([[[1, 2]]]))
     assert cache.select(cands, torch.zeros(1, 1, 2), torch.tensor([True])).valid.all()
+
+
+def test_per_head_sizes_store_only_their_slots():
+    # Ragged storage: bytes follow Σ λ_h, not max λ_h per head.
+    cache = SparseCache([3, 0, 5])
+    cache.allocate(2, 3, 4, torch.float32, torch.device("cpu"), False)
+    state = cache.state_dict()
+    assert state["k"].shape == (2, 1, 8, 4) and state["pos"].shape == (2, 1, 8)
+    assert cache.nbytes() == 2 * (2 * 8 * 4 * 4) + 2 * 8 * 8
+    assert cache.block.k.shape == (2, 3, 5, 4)  # the padded view the composer reads
+
+
+def test_per_head_sizes_keep_each_heads_own_top():
+    sizes = [2, 0, 3]
+    cache = SparseCache(sizes)
+    cache.allocate(1, 3, 2, torch.float32, torch.device("cpu"), False)
+    g = torch.Generator().manual_seed(0)
+    n = 6
+    pos = torch.arange(3 * n).view(1, 3, n)
+    k = torch.randn(1, 3, n, 2, generator=g)
+    scores = torch.randn(1, 3, n, generator=g)
+    evicted = cache.select(KVBlock(k, k.clone(), pos), scores, torch.tensor([True]))
+    for h, size in enumerate(sizes):
+        expect = set(pos[0, h, scores[0, h].argsort(descending=True)[:size]].tolist())
+        kept = {int(p) for p in cache.block.pos[0, h] if p >= 0}
+        assert kept == expect, h
+        assert {int(p) for p in evicted.pos[0, h] if p >= 0} == set(pos[0, h].tolist()) - expect
+        for p in kept:  # each kept token's key travelled with it
+            slot = int((cache.block.pos[0, h] == p).nonzero())
+            assert torch.equal(cache.block.k[0, h, slot], k[0, h, p - h * n])
+
+
+def test_per_head_sizes_state_round_trip_is_exact():
+    cache = SparseCache([1, 3])
+    cache.allocate(1, 2, 2, torch.float32, torch.device("cpu"), True)
+    cands = KVBlock(torch.randn(1, 2, 4, 2), torch.randn(1, 2, 4, 2), torch.tensor([[[0, 1, 2, 3], [0, 1, 2, 3]]]), torch.rand(1, 2, 4))
+    cache.select(cands, torch.rand(1, 2, 4), torch.tensor([True]))
+    other = SparseCache([1, 3])
+    other.load_state_dict(cache.state_dict())
+    for a, b in zip(other.state_dict().values(), cache.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=r"per-head sizes \[2, 3\]"):
+        SparseCache([2, 3]).load_state_dict(cache.state_dict())

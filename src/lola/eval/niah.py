@@ -127,6 +127,7 @@ def make_sample(
     haystack: str | None = None,
     needle: str | None = None,
     question: str | None = None,
+    answer_prefix: str | None = None,
 ) -> NiahSample:
     """Build one prompt of ``task`` with at most ``length - max_new_tokens`` tokens.
 
@@ -141,6 +142,8 @@ def make_sample(
         needle: a template with ``{key}`` and ``{value}`` replacing the default needle
             (``niah_single_1`` only); requires ``question``.
         question: the question, with ``{key}``; the prompt then ends with the question alone.
+        answer_prefix: with ``question``, text (with ``{key}``) that starts the model's answer,
+            e.g. ``" The code for {key} is"``, so that the answer's first tokens are the value.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
@@ -150,6 +153,8 @@ def make_sample(
         raise ValueError("haystack, needle and question apply to niah_single_1 only")
     if (needle is None) != (question is None):
         raise ValueError("needle and question must be given together")
+    if answer_prefix is not None and question is None:
+        raise ValueError("answer_prefix needs a custom question (the default template has its own prefix)")
     if needle is not None:
         for field in ("{key}", "{value}"):
             if field not in needle:
@@ -201,7 +206,7 @@ def make_sample(
         lines.insert(round(depth * n), needle_line)
         context = "\n".join(lines)
         if question is not None:
-            return _encode(tokenizer, f"{context}\n{question.format(key=key)}", "")
+            return _encode(tokenizer, f"{context}\n{question.format(key=key)}", (answer_prefix or "").format(key=key))
         type1 = kind[:-1]
         return _encode(tokenizer, TEMPLATE.format(type1=type1, context=context, query=key), ANSWER_PREFIX.format(type1=type1, query=key))
 

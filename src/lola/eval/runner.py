@@ -7,7 +7,10 @@ Methods (all but ``full`` share one exact-token budget ``sinks + window + sparse
 - ``lolcats``: sinks + a sliding window of the whole budget + the linear state (mixed with the
   run's rule, or ``lola_authors`` when that is ``softmax_only``, which would ignore the state).
 - ``lola``: sinks + window + sparse cache + linear state, once per scoring policy
-  (reported as ``lola-<policy>``).
+  (reported as ``lola-<policy>``), with uniform or calibrated per-head budgets
+  (:mod:`lola.budgets`), plus any named ``variants`` (``lola-<name>``): partial
+  :class:`~lola.LoLAConfig` settings over the run's own, for comparing policies and
+  allocations on the same samples.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from lola.config import LoLAConfig
 
-__all__ = ["METHODS", "NiahRun", "format_depth_summary", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth"]
+__all__ = ["METHODS", "NiahRun", "format_depth_summary", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth", "wilson_interval"]
 
 METHODS = ("full", "window", "lolcats", "lola")
 
@@ -56,6 +59,9 @@ class NiahRun(BaseModel):
     haystack_file: str | None = None
     needle: str | None = None
     question: str | None = None
+    answer_prefix: str | None = Field(None, description="with a custom question: text that starts the answer, with {key}")
+    budgets: str | None = Field(None, description="sparse budgets of the lola method: None (uniform), a shipped name or a `lola calibrate` file")
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description="extra lola variants: name -> LoLAConfig fields (and 'budgets')")
 
     @field_validator("task")
     @classmethod
@@ -96,6 +102,9 @@ class NiahRun(BaseModel):
                 raise ValueError(f"the question must contain {{key}}, got {self.question!r}")
         if (self.haystack_file or self.needle) and self.task != "niah_single_1":
             raise ValueError("haystack_file, needle and question apply to niah_single_1 only")
+        if self.answer_prefix is not None and self.question is None:
+            raise ValueError("answer_prefix needs a custom question (the default template has its own)")
+        method_configs(self)  # every variant and budget must build (errors name the field)
         return self
 
     @property
@@ -136,6 +145,14 @@ class NiahRun(BaseModel):
         return self.sinks + self.window + self.sparse_size
 
 
+def _with_budgets(cfg: LoLAConfig, budgets: str | None) -> LoLAConfig:
+    if budgets is None or budgets == "uniform":
+        return cfg
+    from lola import budgets as head_budgets
+
+    return head_budgets.load(budgets).apply(cfg)
+
+
 def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods."""
     common = dict(sinks=run.sinks, chunk=run.chunk, gqa_storage=run.gqa_storage)
@@ -156,9 +173,27 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
         elif method == "lolcats":
             out["lolcats"] = LoLAConfig(window=wide, sparse_size=0, **hybrid_mixing, **common)
         else:
+            base = dict(window=run.window, sparse_size=run.sparse_size, **lola_mixing, **common)
             for policy in run.policies:
-                out[f"lola-{policy}"] = LoLAConfig(window=run.window, sparse_size=run.sparse_size, policy=policy, **lola_mixing, **common)
+                out[f"lola-{policy}"] = _with_budgets(LoLAConfig(policy=policy, **base), run.budgets)
+            for name, fields in run.variants.items():
+                fields = dict(fields)
+                budgets = fields.pop("budgets", None)
+                try:
+                    out[f"lola-{name}"] = _with_budgets(LoLAConfig(**{**base, **fields}), budgets)
+                except ValueError as err:
+                    raise ValueError(f"variant {name!r}: {err}") from None
     return out
+
+
+def wilson_interval(hits: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of an accuracy of ``hits`` out of ``n``, in percent."""
+    if n <= 0:
+        raise ValueError(f"n must be > 0, got {n}")
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return 100.0 * max(0.0, centre - half), 100.0 * min(1.0, centre + half)
 
 
 def _load_done(path: Path) -> dict[tuple[str, int, int], dict]:
@@ -177,13 +212,19 @@ def _cache_bytes(cache: Any) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
 
 
-def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True) -> list[dict]:
+def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True, batch_size: int = 1) -> list[dict]:
     """Run (or resume) ``run`` on ``model``; returns every sample's record.
 
     Records are appended to ``out_dir/samples.jsonl`` as they finish, so an interrupted run
     continues where it stopped when called again with the same ``out_dir``;
     ``out_dir/results.json`` holds the run, versions and the summary.
+
+    Args:
+        batch_size: samples of one length generated together as one left-padded batch
+            (greedy decoding; each row's answer is the same as alone, up to float rounding).
     """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     from tqdm.auto import tqdm
     from transformers import DynamicCache
 
@@ -204,7 +245,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     depths = [(i + 0.5) / run.samples for i in range(run.samples)]
     haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
     prompts = {
-        (n, i): make_sample(tokenizer, run.task, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.new_tokens, haystack=haystack, needle=run.needle, question=run.question)
+        (n, i): make_sample(tokenizer, run.task, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.new_tokens, haystack=haystack, needle=run.needle, question=run.question, answer_prefix=run.answer_prefix)
         for n in run.lengths
         for i, d in enumerate(depths)
     }
@@ -214,6 +255,10 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done]
     bar = tqdm(total=len(configs) * len(prompts), initial=len(configs) * len(prompts) - len(todo), desc="niah", disable=not progress)
     records = list(done.values())
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    pad_id = getattr(tokenizer, "eos_token_id", None) if pad_id is None else pad_id
+    if batch_size > 1 and pad_id is None:
+        raise ValueError("batch_size > 1 needs a tokenizer with a pad or eos token id")
     with open(samples_path, "a") as log:
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
@@ -222,24 +267,30 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
             if cfg is not None:
                 apply_lola(model, cfg, feature_maps=run.feature_maps)
             try:
-                for n, i in mine:
-                    s = prompts[(n, i)]
+                for batch in _batches(mine, batch_size):
+                    samples = [prompts[key] for key in batch]
+                    ids, mask, width = _left_pad([s.input_ids[0] for s in samples], pad_id)
                     cache = DynamicCache() if cfg is None else LoLACache(model)
                     t0 = time.perf_counter()
                     with torch.no_grad():
-                        ids = model.generate(s.input_ids, max_new_tokens=run.new_tokens, do_sample=False, cache=cache, pad_token_id=getattr(tokenizer, "eos_token_id", None))
-                    seconds = time.perf_counter() - t0
-                    prediction = tokenizer.decode(ids[0, s.length :], skip_special_tokens=True)
-                    rec = {
-                        "method": method, "length": n, "index": i, "depth": s.depth, "prompt_tokens": s.length,
-                        "answers": s.answers, "prediction": prediction, "score": string_match_all(prediction, s.answers),
-                        "cache_bytes": _cache_bytes(cache), "seconds": seconds,
-                        "tokens_per_second": ids.shape[1] / seconds,
-                    }
-                    log.write(json.dumps(rec) + "\n")
-                    log.flush()
-                    records.append(rec)
-                    bar.update(1)
+                        out_ids = model.generate(ids, attention_mask=mask, max_new_tokens=run.new_tokens, do_sample=False, cache=cache, pad_token_id=pad_id)
+                    seconds = (time.perf_counter() - t0) / len(batch)
+                    cache_bytes = _cache_bytes(cache)
+                    for row, ((n, i), s) in enumerate(zip(batch, samples)):
+                        prediction = tokenizer.decode(out_ids[row, width:], skip_special_tokens=True)
+                        tokens = s.length + out_ids.shape[1] - width
+                        # A stock cache holds every row padded to the longest: count this row's share.
+                        share = 1 / len(batch) if cfg is not None else tokens / (len(batch) * out_ids.shape[1])
+                        rec = {
+                            "method": method, "length": n, "index": i, "depth": s.depth, "prompt_tokens": s.length,
+                            "answers": s.answers, "prediction": prediction, "score": string_match_all(prediction, s.answers),
+                            "cache_bytes": round(cache_bytes * share), "seconds": seconds,
+                            "tokens_per_second": tokens / seconds,
+                        }
+                        log.write(json.dumps(rec) + "\n")
+                        log.flush()
+                        records.append(rec)
+                        bar.update(1)
             finally:
                 if cfg is not None:
                     remove_lola(model)
@@ -249,15 +300,42 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     return records
 
 
+def _batches(items: list[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
+    """Consecutive groups of at most ``size`` samples, never mixing lengths."""
+    out: list[list[tuple[int, int]]] = []
+    for item in items:
+        if out and len(out[-1]) < size and out[-1][0][0] == item[0]:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
+
+
+def _left_pad(rows: list[torch.Tensor], pad_id: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``[B, T]`` left-padded ids, the ``[B, T]`` attention mask and ``T``."""
+    width = max(r.shape[0] for r in rows)
+    ids = torch.full((len(rows), width), 0 if pad_id is None else pad_id, dtype=rows[0].dtype)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - r.shape[0] :] = r
+        mask[i, width - r.shape[0] :] = 1
+    return ids, mask, width
+
+
 def summarize(records: Iterable[dict]) -> dict[str, dict[int, dict[str, float]]]:
-    """``{method: {length: {"accuracy": %, "cache_bytes": mean, "samples": n}}}``."""
+    """``{method: {length: {"accuracy": %, "low": %, "high": %, "cache_bytes": mean, "samples": n}}}``
+    (``low``–``high``: the 95% Wilson interval of the accuracy)."""
     table: dict[str, dict[int, list[dict]]] = {}
     for r in records:
         table.setdefault(r["method"], {}).setdefault(r["length"], []).append(r)
-    return {
-        m: {n: {"accuracy": 100.0 * sum(r["score"] for r in rs) / len(rs), "cache_bytes": sum(r["cache_bytes"] for r in rs) / len(rs), "samples": len(rs)} for n, rs in sorted(by.items())}
-        for m, by in table.items()
-    }
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for m, by in table.items():
+        out[m] = {}
+        for n, rs in sorted(by.items()):
+            hits = sum(r["score"] for r in rs)
+            low, high = wilson_interval(hits, len(rs))
+            out[m][n] = {"accuracy": 100.0 * hits / len(rs), "low": low, "high": high, "cache_bytes": sum(r["cache_bytes"] for r in rs) / len(rs), "samples": len(rs)}
+    return out
 
 
 def summarize_by_depth(records: Iterable[dict], buckets: int = 5) -> dict[str, dict[str, float]]:
@@ -292,7 +370,12 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for method, by in summary.items():
             lengths = sorted(by)
-            ax.plot(lengths, [by[n][key] * scale for n in lengths], marker="o", label=method)
+            ys = [by[n][key] * scale for n in lengths]
+            if key == "accuracy":  # 95% Wilson intervals
+                err = [[y - by[n]["low"] for y, n in zip(ys, lengths)], [by[n]["high"] - y for y, n in zip(ys, lengths)]]
+                ax.errorbar(lengths, ys, yerr=err, marker="o", capsize=3, label=method)
+            else:
+                ax.plot(lengths, ys, marker="o", label=method)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(ylabel)

@@ -61,6 +61,16 @@ def token_chunks(ids: torch.Tensor, length: int, max_chunks: int | None = None) 
     return ids[: n * length].view(n, length)
 
 
+class Encoding(dict):
+    """A tokenizer's output, readable as ``enc["input_ids"]`` or ``enc.input_ids`` (as transformers' ``BatchEncoding``)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class ByteTokenizer:
     """UTF-8 bytes as token ids (vocabulary 256): a tokenizer for tiny random test models."""
 
@@ -68,9 +78,9 @@ class ByteTokenizer:
     eos_token_id = 0
     pad_token_id = 0
 
-    def __call__(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None) -> dict:
+    def __call__(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None) -> "Encoding":
         ids = list(text.encode("utf-8"))
-        return {"input_ids": torch.tensor([ids]) if return_tensors == "pt" else ids}
+        return Encoding(input_ids=torch.tensor([ids]) if return_tensors == "pt" else ids)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)

@@ -2,6 +2,7 @@
 
 from lola.memory.base import ExactStore, KVBlock, MemorySystem, QueryBlock, exact_logits, partial_from_logits
 from lola.memory.linear_state import LinearState
+from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
 from lola.memory.sparse import SparseCache
 from lola.memory.window import SlidingWindow
@@ -12,6 +13,7 @@ __all__ = [
     "LinearState",
     "MemorySystem",
     "QueryBlock",
+    "QueryStatistics",
     "SinkTokens",
     "SlidingWindow",
     "SparseCache",

@@ -1,11 +1,14 @@
 """Scoring policies: which tokens stay exact in the sparse cache.
 
-Built-ins are registered as ``"sre"``, ``"attention"``, ``"recency"``, ``"random"`` and
-``"key_norm"``. Add your own with :func:`register` or the ``lola.policies`` entry point.
+Built-ins are registered as ``"sre"``, ``"attention"``, ``"recency"``, ``"random"``,
+``"key_norm"``, ``"expected_attention"`` and ``"key_diff"``; the combinators ``"fusion"``,
+``"value_weighted"`` and ``"span"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
 """
 
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.policies.builtin import AttentionMagnitude, KeyNorm, Random, Recency, SelfRecallError
+from lola.policies.combinators import Fusion, SpanPooling, ValueWeighted, zscore
+from lola.policies.predictive import ExpectedAttention, KeyDiff, average_rope_rotation
 from lola.policies.registry import ENTRY_POINT_GROUP, available, build, get, register, reload_entry_points, unregister
 
 register("sre", SelfRecallError)
@@ -13,20 +16,32 @@ register("attention", AttentionMagnitude)
 register("recency", Recency)
 register("random", Random)
 register("key_norm", KeyNorm)
+register("expected_attention", ExpectedAttention)
+register("key_diff", KeyDiff)
+register("fusion", Fusion)
+register("value_weighted", ValueWeighted)
+register("span", SpanPooling)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "AttentionMagnitude",
+    "ExpectedAttention",
+    "Fusion",
+    "KeyDiff",
     "KeyNorm",
     "Random",
     "Recency",
     "ScoringContext",
     "ScoringPolicy",
     "SelfRecallError",
+    "SpanPooling",
+    "ValueWeighted",
+    "average_rope_rotation",
     "available",
     "build",
     "get",
     "register",
     "reload_entry_points",
     "unregister",
+    "zscore",
 ]

@@ -9,6 +9,7 @@ import torch
 
 from lola.memory.base import KVBlock
 from lola.memory.linear_state import LinearState
+from lola.memory.query_stats import QueryStatistics
 
 __all__ = ["ScoringContext", "ScoringPolicy"]
 
@@ -18,17 +19,34 @@ class ScoringContext:
     """What a policy can read when it scores candidates at a select-and-evict step.
 
     Attributes:
-        linear: the layer's :class:`~lola.memory.LinearState` *before* this step's evictions
-            (``H [B, H, F, D]``, ``s [B, H, F]``, float32).
+        linear: the layer's :class:`~lola.memory.LinearState` *before* this step's evictions;
+            its tensors are also :attr:`H` and :attr:`s`.
         feature_map_k: the layer's key feature map, ``[B, H, N, D] -> [B, H, N, F]``.
         num_heads: ``H``, query heads.
         step: ``[B]`` int64 position of the token at which each row's step runs.
+        scale: the softmax scale of the layer's logits.
+        layer: the layer's index in its model (``None`` for a standalone layer).
+        queries: running statistics of the layer's recent queries (mean, covariance per query
+            head), present when the policy sets ``needs_queries = True``; else ``None``.
     """
 
     linear: LinearState
     feature_map_k: Callable[[torch.Tensor], torch.Tensor]
     num_heads: int
     step: torch.Tensor
+    scale: float = 1.0
+    layer: int | None = None
+    queries: QueryStatistics | None = None
+
+    @property
+    def H(self) -> torch.Tensor:
+        """``[B, H, F, D]`` float32 ``Σ φ(k) vᵀ`` over the tokens in the linear state."""
+        return self.linear._require()[0]
+
+    @property
+    def s(self) -> torch.Tensor:
+        """``[B, H, F]`` float32 ``Σ φ(k)`` over the tokens in the linear state."""
+        return self.linear._require()[1]
 
     def group(self, block: KVBlock) -> int:
         """Query heads per storage head of ``block``."""
@@ -38,9 +56,14 @@ class ScoringContext:
         """``[B, Hs, ...] -> [B, H, ...]``: each storage head serves ``group`` query heads."""
         return x if group == 1 else x.repeat_interleave(group, dim=1)
 
-    def reduce_heads(self, x: torch.Tensor, group: int) -> torch.Tensor:
-        """``[B, H, N] -> [B, Hs, N]``: mean over the query heads sharing a storage head."""
-        return x if group == 1 else x.unflatten(1, (-1, group)).mean(dim=2)
+    def reduce_heads(self, x: torch.Tensor, group: int, how: str = "mean") -> torch.Tensor:
+        """``[B, H, N] -> [B, Hs, N]``: ``"mean"`` or ``"max"`` over the query heads sharing a storage head."""
+        if how not in ("mean", "max"):
+            raise ValueError(f"how must be 'mean' or 'max', got {how!r}")
+        if group == 1:
+            return x
+        x = x.unflatten(1, (-1, group))
+        return x.mean(dim=2) if how == "mean" else x.amax(dim=2)
 
     def key_features(self, block: KVBlock) -> torch.Tensor:
         """``φ(k)`` of the block's keys for every query head, ``[B, H, N, F]`` float32."""
@@ -54,7 +77,8 @@ class ScoringPolicy(Protocol):
     ``score`` returns ``[B, Hs, N]`` with **higher = keep exact**; the composer keeps the
     top-``λ`` valid candidates and folds the rest into the linear state. Scores of empty slots
     are ignored. Set ``needs_attention = True`` to have the composer track the attention mass
-    each exact token receives (``candidates.acc``).
+    each exact token receives (``candidates.acc``), and ``needs_queries = True`` (optionally
+    with ``query_half_life``) to get running query statistics in ``ctx.queries``.
     """
 
     needs_attention: bool

@@ -21,18 +21,22 @@ class SelfRecallError:
 
     Args:
         eps: denominator guard (the authors use ``1e-6``).
+        reduce: ``"mean"`` or ``"max"`` over the query heads of a storage head.
     """
 
     eps: float = 1e-6
+    reduce: str = "mean"
     needs_attention = False
+
+    def __post_init__(self) -> None:
+        _check_reduce(self.reduce)
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         from lola.kernels import self_recall_error
 
         g = ctx.group(candidates)
-        H, s = ctx.linear._require()
-        err = self_recall_error(ctx.key_features(candidates), ctx.expand_heads(candidates.v, g).float(), H, s, self.eps)
-        return ctx.reduce_heads(err, g)
+        err = self_recall_error(ctx.key_features(candidates), ctx.expand_heads(candidates.v, g).float(), ctx.H, ctx.s, self.eps)
+        return ctx.reduce_heads(err, g, self.reduce)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,11 @@ class Random:
         x = _mix32(x ^ head)
         x = _mix32(x ^ (self.seed & 0xFFFFFFFF))
         return x.float() / 2**32
+
+
+def _check_reduce(how: str) -> None:
+    if how not in ("mean", "max"):
+        raise ValueError(f"reduce must be 'mean' or 'max', got {how!r}")
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

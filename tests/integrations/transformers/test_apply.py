@@ -83,7 +83,7 @@ def test_remove_lola_restores_stock_model():
 
 
 def test_parameters_are_trainable_and_saved():
-    model = apply_lola(tiny("llama"), lola.LoLAConfig(feature_map="hedgehog", window=4, sparse_size=4, chunk=4))
+    model = apply_lola(tiny("llama"), lola.LoLAConfig(feature_map="hedgehog", window=4, sparse_size=4, chunk=4, mixing="lolcats"))
     keys = [k for k in model.state_dict() if ".lola." in k]
     assert any(k.endswith("self_attn.lola.feature_map_q.mlp.layer") for k in keys)
     assert any(k.endswith("self_attn.lola.window_factors") for k in keys)

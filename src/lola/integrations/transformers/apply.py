@@ -85,7 +85,7 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
         if layer_cfg.scale is None and getattr(module, "scaling", None) is not None:
             layer_cfg = layer_cfg.model_copy(update={"scale": float(module.scaling)})
         weight = module.q_proj.weight
-        lola_attn = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads).to(weight.device)
+        lola_attn = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads, layer=i).to(weight.device)
         module.lola = lola_attn
         by_layer[i] = lola_attn
     previous = model.config._attn_implementation

@@ -1,0 +1,148 @@
+"""Policies built from other policies: score fusion, value-norm weighting, span pooling.
+
+Each wraps registered policies by name (so the whole combination stays a JSON-able
+``LoLAConfig(policy=..., policy_kwargs=...)``) and asks the composer for whatever its parts
+need (tracked attention, query statistics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lola.memory.base import KVBlock
+from lola.policies.base import ScoringContext, ScoringPolicy
+
+__all__ = ["Fusion", "SpanPooling", "ValueWeighted", "zscore"]
+
+
+def _build(name: str, kwargs: dict[str, Any]) -> ScoringPolicy:
+    from lola.policies.registry import build
+
+    if not isinstance(name, str):
+        raise TypeError(f"policy names must be strings, got {name!r}")
+    return build(name, **dict(kwargs))
+
+
+def zscore(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Standardise ``scores [B, Hs, N]`` over the ``valid`` candidates of each (row, head);
+    invalid entries become 0, constant scores become 0."""
+    x = torch.where(valid, scores.float(), 0.0)
+    n = valid.sum(dim=-1, keepdim=True).clamp_min(1)
+    mean = x.sum(dim=-1, keepdim=True) / n
+    var = (torch.where(valid, x - mean, 0.0) ** 2).sum(dim=-1, keepdim=True) / n
+    return torch.where(valid, (x - mean) / var.sqrt().clamp_min(1e-12), 0.0)
+
+
+class _Composite:
+    """Shared plumbing: the parts' needs, and the half-life of the query statistics."""
+
+    parts: tuple[ScoringPolicy, ...]
+
+    @property
+    def needs_attention(self) -> bool:
+        return any(getattr(p, "needs_attention", False) for p in self.parts)
+
+    @property
+    def needs_queries(self) -> bool:
+        return any(getattr(p, "needs_queries", False) for p in self.parts)
+
+    @property
+    def query_half_life(self) -> float:
+        lives = {float(getattr(p, "query_half_life", 64.0)) for p in self.parts if getattr(p, "needs_queries", False)}
+        if len(lives) > 1:
+            raise ValueError(f"the parts of {self!r} ask for different query half-lives {sorted(lives)}")
+        return lives.pop() if lives else 64.0
+
+
+@dataclass(frozen=True)
+class Fusion(_Composite):
+    """``Σ_p w_p · z(score_p)``: z-normalised scores of several policies, weighted.
+
+    Args:
+        policies: registered policy names, e.g. ``["sre", "expected_attention"]``.
+        weights: one weight per policy (default all 1).
+        kwargs: one mapping of keyword arguments per policy (default none).
+    """
+
+    policies: list[str] = field(default_factory=lambda: ["sre", "expected_attention"])
+    weights: list[float] | None = None
+    kwargs: list[dict[str, Any]] | None = None
+    parts: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ValueError("policies must name at least one policy")
+        for name, given in (("weights", self.weights), ("kwargs", self.kwargs)):
+            if given is not None and len(given) != len(self.policies):
+                raise ValueError(f"{name} must have one entry per policy ({len(self.policies)}), got {len(given)}")
+        kwargs = self.kwargs or [{} for _ in self.policies]
+        object.__setattr__(self, "parts", tuple(_build(n, k) for n, k in zip(self.policies, kwargs)))
+
+    def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
+        weights = self.weights or [1.0] * len(self.parts)
+        valid = candidates.valid
+        return sum(float(w) * zscore(p.score(candidates, ctx), valid) for w, p in zip(weights, self.parts))
+
+
+@dataclass(frozen=True)
+class ValueWeighted(_Composite):
+    """``score_p · ‖v_j‖`` (CriticalKV-style): a token whose value is small changes the output
+    little wherever it is kept. The inner policy's scores should be non-negative.
+
+    Args:
+        policy: a registered policy name.
+        policy_kwargs: its keyword arguments.
+    """
+
+    policy: str = "sre"
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    parts: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", (_build(self.policy, self.policy_kwargs),))
+
+    def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
+        return self.parts[0].score(candidates, ctx) * candidates.v.float().norm(dim=-1)
+
+
+@dataclass(frozen=True)
+class SpanPooling(_Composite):
+    """Keep spans, not isolated tokens (SnapKV/ChunkKV): a candidate's score becomes the max of
+    the inner scores of the candidates within ``radius`` positions of it, so that all tokens
+    of a number and its key phrase rise and fall together.
+
+    Args:
+        policy: a registered policy name.
+        policy_kwargs: its keyword arguments.
+        radius: positions on each side pooled over (``radius=2`` is a width-5 window).
+        across_heads: pool over the candidates of every storage head of the layer, so the
+            heads keep the same spans (scores are z-normalised per head first).
+    """
+
+    policy: str = "sre"
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    radius: int = 2
+    across_heads: bool = False
+    parts: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.radius < 0:
+            raise ValueError(f"radius must be >= 0, got {self.radius}")
+        object.__setattr__(self, "parts", (_build(self.policy, self.policy_kwargs),))
+
+    def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
+        inner = self.parts[0].score(candidates, ctx).float()
+        valid, pos = candidates.valid, candidates.pos
+        b, hs, n = pos.shape
+        if self.across_heads:
+            inner = zscore(inner, valid)
+            src_score, src_pos, src_valid = (x.reshape(b, 1, hs * n).expand(b, hs, hs * n) for x in (inner, pos, valid))
+        else:
+            src_score, src_pos, src_valid = inner, pos, valid
+        near = (pos[..., :, None] - src_pos[..., None, :]).abs() <= self.radius  # [B, Hs, N, M]
+        near = near & src_valid[..., None, :]
+        pooled = torch.where(near, src_score[..., None, :], float("-inf")).amax(dim=-1)
+        return torch.where(valid, pooled, inner)

@@ -84,6 +84,7 @@ API_PAGES = {
     "lola": "lola.rst",
     "lola.memory": "memory.rst",
     "lola.policies": "policies.rst",
+    "lola.budgets": "budgets.rst",
     "lola.schedules": "schedules.rst",
     "lola.core": "core.rst",
     "lola.feature_maps": "feature_maps.rst",

@@ -17,6 +17,7 @@ its exact-token bytes never exceed the uniform budget's.
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -158,8 +159,11 @@ class HeadBudgets(BaseModel):
         return "\n".join(lines)
 
     def save(self, path: str | Path) -> None:
-        """Write the budgets as JSON."""
-        Path(path).write_text(self.model_dump_json(indent=1) + "\n")
+        """Write the budgets as JSON (one line per layer)."""
+        text = self.model_dump_json(indent=1)
+        # Lists of numbers on one line each: a layer's heads read across.
+        text = re.sub(r"\[\s+([-\d.,eE+\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+        Path(path).write_text(text + "\n")
 
 
 def available() -> list[str]:

@@ -44,11 +44,13 @@ class CalibrationPrompt:
         input_ids: ``[1, T]`` prompt, answer prefix and the answer's tokens.
         needle: ``(start, end)`` token span of the value inside the haystack.
         readers: ``(start, end)`` query positions whose next token is one of the answer's.
+        sentence: ``(start, end)`` token span of the whole needle sentence (key and value).
     """
 
     input_ids: torch.Tensor
     needle: tuple[int, int]
     readers: tuple[int, int]
+    sentence: tuple[int, int] = (0, 0)
 
 
 @lru_cache(maxsize=1)
@@ -110,7 +112,8 @@ def calibration_prompts(tokenizer: Any, length: int, count: int, seed: int = 0) 
         ids = torch.tensor([prompt + answer])
         # Query t predicts token t + 1: the readers are the positions just before each answer token.
         readers = (len(prompt) - 1, len(prompt) - 1 + len(answer))
-        out.append(CalibrationPrompt(ids, (at, at + len(digits)), readers))
+        lead = len(tokenizer(CALIBRATION_NEEDLE.split("{value}")[0].format(key=sample.key).rstrip(), add_special_tokens=False).input_ids)
+        out.append(CalibrationPrompt(ids, (at, at + len(digits)), readers, (max(0, at - lead - 1), at + len(digits) + 1)))
     return out
 
 
@@ -120,7 +123,7 @@ def _recording_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     record = _RECORD.get()
     if record is not None:
         r0, r1 = record["readers"]
-        n0, n1 = record["needle"]
+        n0, n1 = record["target"]
         q = query[:, :, r0:r1].float()  # [1, H, R, D]
         h, hkv = query.shape[1], key.shape[1]
         k = key.float().repeat_interleave(h // hkv, dim=1)[:, :, : r1]  # causal: readers see up to r1 - 1
@@ -141,13 +144,15 @@ def _register() -> None:
 
 
 @torch.no_grad()
-def retrieval_scores(model: torch.nn.Module, prompts: list[CalibrationPrompt], progress: Iterable | None = None) -> torch.Tensor:
+def retrieval_scores(model: torch.nn.Module, prompts: list[CalibrationPrompt], progress: Iterable | None = None, target: str = "value") -> torch.Tensor:
     """Mean attention mass from the answer's readers to the needle, per layer and K/V head.
 
     Args:
         model: a stock transformers decoder (LoLA not applied).
         prompts: from :func:`calibration_prompts`.
         progress: optional wrapper of the prompt loop (e.g. ``tqdm``).
+        target: ``"value"`` (the needle's digits) or ``"sentence"`` (the whole needle, key
+            included).
 
     Returns:
         ``[num_layers, num_kv_heads]`` float32 scores in ``[0, 1]``.
@@ -156,6 +161,8 @@ def retrieval_scores(model: torch.nn.Module, prompts: list[CalibrationPrompt], p
         raise ValueError("retrieval_scores needs the stock model: call remove_lola(model) first")
     if not prompts:
         raise ValueError("prompts must be non-empty")
+    if target not in ("value", "sentence"):
+        raise ValueError(f"target must be 'value' or 'sentence', got {target!r}")
     _register()
     cfg = model.config
     total = torch.zeros(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
@@ -164,7 +171,7 @@ def retrieval_scores(model: torch.nn.Module, prompts: list[CalibrationPrompt], p
     device = next(model.parameters()).device
     try:
         for p in progress(prompts) if progress is not None else prompts:
-            record = {"readers": p.readers, "needle": p.needle, "scores": {}}
+            record = {"readers": p.readers, "target": p.needle if target == "value" else p.sentence, "scores": {}}
             token = _RECORD.set(record)
             try:
                 model(p.input_ids.to(device), use_cache=False, logits_to_keep=1)

@@ -47,3 +47,30 @@ def test_training_free_lola_answers_passkeys_at_2k(smollm2):
     # this budget; a plain window of the same exact budget keeps none of them.
     assert both >= sum(full) // 2, f"LoLA answered {lola_ok}, full attention {full}"
     assert sum(window_ok) == 0, f"a 128-token window cannot see the needle, yet answered {window_ok}"
+
+
+def repeated_ngram_rate(ids: list[int], n: int = 4) -> float:
+    """Fraction of the n-grams of ``ids`` that already occurred earlier in ``ids``."""
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    return sum(g in grams[:i] for i, g in enumerate(grams)) / max(1, len(grams))
+
+
+def test_default_config_keeps_the_text_of_the_model(smollm2):
+    # A user's first try (the README's pattern, default mixing) must not degrade the model:
+    # greedy text on a prose prompt long enough for evictions stays like the stock model's.
+    from pydoc_data.topics import topics
+
+    model, tok = smollm2
+    prose = " ".join(topics.values())[20_000:26_000]
+    text = tok.apply_chat_template([{"role": "user", "content": f"{prose}\n\nSummarize the text above in two sentences."}], tokenize=False, add_generation_prompt=True)
+    ids = tok(text, return_tensors="pt").input_ids
+    assert ids.shape[1] > 1000  # longer than the 580 exact tokens: tokens are evicted
+    with torch.no_grad():
+        stock = model.generate(ids, max_new_tokens=48, do_sample=False)[0, ids.shape[1] :].tolist()
+        try:
+            apply_lola(model, lola.LoLAConfig(window=64, sparse_size=512, sinks=4))
+            patched = model.generate(ids, max_new_tokens=48, do_sample=False, cache=LoLACache(model))[0, ids.shape[1] :].tolist()
+        finally:
+            remove_lola(model)
+    assert repeated_ngram_rate(patched) <= repeated_ngram_rate(stock) + 0.1, (tok.decode(stock), tok.decode(patched))
+    assert patched[:4] == stock[:4], (tok.decode(stock), tok.decode(patched))

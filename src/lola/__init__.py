@@ -9,7 +9,7 @@ Quick use::
     o2, state = attn(q2, k2, v2, state=state)
 """
 
-from lola import memory, models, policies, schedules
+from lola import budgets, memory, models, policies, schedules
 from lola.composer import LoLAMemory
 from lola.config import LoLAConfig
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial
@@ -25,6 +25,7 @@ __all__ = [
     "MixingRule",
     "SoftmaxPartial",
     "__version__",
+    "budgets",
     "compose",
     "memory",
     "memory_from_config",

@@ -19,7 +19,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _niah(args: argparse.Namespace) -> int:
     import pydantic
 
-    from lola.eval.runner import NiahRun, format_depth_summary, format_summary, run_niah, summarize, summarize_by_depth
+    from lola.eval.runner import NiahRun, format_depth_summary, format_intervals, format_summary, run_niah, summarize, summarize_by_depth
 
     fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "feature_maps", "max_new_tokens", "seed", "haystack_file", "needle", "question", "answer_prefix", "budgets")
     try:
@@ -46,6 +46,8 @@ def _niah(args: argparse.Namespace) -> int:
     out = args.out or f"results/niah-{run.task}"
     print(f"\n{run.task}, exact budget {run.budget} tokens (accuracy %, cache MiB)\n")
     print(format_summary(summarize(records)))
+    print("\naccuracy with 95% Wilson intervals\n")
+    print(format_intervals(summarize(records)))
     print("\nby needle depth (accuracy %)\n")
     print(format_depth_summary(summarize_by_depth(records)))
     speed = {}

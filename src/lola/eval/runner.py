@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from lola.config import LoLAConfig
 
-__all__ = ["METHODS", "NiahRun", "format_depth_summary", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth", "wilson_interval"]
+__all__ = ["METHODS", "NiahRun", "format_depth_summary", "format_intervals", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth", "wilson_interval"]
 
 METHODS = ("full", "window", "lolcats", "lola")
 
@@ -60,7 +60,7 @@ class NiahRun(BaseModel):
     needle: str | None = None
     question: str | None = None
     answer_prefix: str | None = Field(None, description="with a custom question: text that starts the answer, with {key}")
-    budgets: str | None = Field(None, description="sparse budgets of the lola method: None (uniform), a shipped name or a `lola calibrate` file")
+    budgets: str | None = Field(None, description="sparse budgets of the lola method: None or 'uniform', 'auto' (the model's shipped budgets, if any), a shipped name or a `lola calibrate` file")
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description="extra lola variants: name -> LoLAConfig fields (and 'budgets')")
 
     @field_validator("task")
@@ -145,11 +145,15 @@ class NiahRun(BaseModel):
         return self.sinks + self.window + self.sparse_size
 
 
-def _with_budgets(cfg: LoLAConfig, budgets: str | None) -> LoLAConfig:
-    if budgets is None or budgets == "uniform":
-        return cfg
+def _with_budgets(cfg: LoLAConfig, budgets: str | None, model: str) -> LoLAConfig:
+    """``cfg`` with the named budgets applied; ``"auto"``: the shipped budgets of ``model`` if
+    there are any, else uniform."""
     from lola import budgets as head_budgets
 
+    if budgets == "auto":
+        budgets = model if model in head_budgets.available() else None
+    if budgets is None or budgets == "uniform":
+        return cfg
     return head_budgets.load(budgets).apply(cfg)
 
 
@@ -175,12 +179,12 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
         else:
             base = dict(window=run.window, sparse_size=run.sparse_size, **lola_mixing, **common)
             for policy in run.policies:
-                out[f"lola-{policy}"] = _with_budgets(LoLAConfig(policy=policy, **base), run.budgets)
+                out[f"lola-{policy}"] = _with_budgets(LoLAConfig(policy=policy, **base), run.budgets, run.model)
             for name, fields in run.variants.items():
                 fields = dict(fields)
                 budgets = fields.pop("budgets", None)
                 try:
-                    out[f"lola-{name}"] = _with_budgets(LoLAConfig(**{**base, **fields}), budgets)
+                    out[f"lola-{name}"] = _with_budgets(LoLAConfig(**{**base, **fields}), budgets, run.model)
                 except ValueError as err:
                     raise ValueError(f"variant {name!r}: {err}") from None
     return out
@@ -389,15 +393,23 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def format_summary(summary: dict[str, dict[int, dict[str, float]]]) -> str:
-    """Accuracy (and cache MiB) per method × length as a plain-text table."""
+def _table(summary: dict[str, dict[int, dict[str, float]]], cell: Any, width: int) -> str:
     lengths = sorted({n for by in summary.values() for n in by})
-    head = f"{'method':<16}" + "".join(f"{n:>16}" for n in lengths)
+    head = f"{'method':<16}" + "".join(f"{n:>{width}}" for n in lengths)
     lines = [head, "-" * len(head)]
     for m, by in summary.items():
-        cells = "".join(f"{by[n]['accuracy']:>7.1f}% {by[n]['cache_bytes'] / 2**20:>6.1f}MiB" if n in by else f"{'':>16}" for n in lengths)
-        lines.append(f"{m:<16}{cells}")
+        lines.append(f"{m:<16}" + "".join(cell(by[n]) if n in by else " " * width for n in lengths))
     return "\n".join(lines)
+
+
+def format_summary(summary: dict[str, dict[int, dict[str, float]]]) -> str:
+    """Accuracy (and cache MiB) per method × length as a plain-text table."""
+    return _table(summary, lambda c: f"{c['accuracy']:>7.1f}% {c['cache_bytes'] / 2**20:>6.1f}MiB", 16)
+
+
+def format_intervals(summary: dict[str, dict[int, dict[str, float]]]) -> str:
+    """Accuracy with its 95% Wilson interval and the sample count, per method × length."""
+    return _table(summary, lambda c: f"{c['accuracy']:>6.1f}% [{c['low']:>3.0f}-{c['high']:>3.0f}] n={c['samples']:<3}", 22)
 
 
 def _write_results(path: Path, run: NiahRun, records: list[dict]) -> None:

@@ -67,8 +67,8 @@ def test_budgets_apply_to_a_config_and_keep_its_overrides():
     cfg = b.apply(lola.LoLAConfig(sparse_size=5, window=8, layer_overrides={1: {"window": 3}}))
     assert cfg.for_layer(0).sparse_size_per_head == [10, 0]
     assert cfg.for_layer(1).sparse_size_per_head == [4, 6] and cfg.for_layer(1).window == 3
-    with pytest.raises(ValueError, match="uniform sparse_size of 5"):
-        b.apply(lola.LoLAConfig(sparse_size=6))
+    other = b.apply(lola.LoLAConfig(sparse_size=3, window=8))  # another total: re-allocated from the scores
+    assert [other.for_layer(i).sparse_size_per_head for i in range(2)] == [[6, 0], [2, 4]]
     with pytest.raises(ValueError, match="kv_head"):
         b.apply(lola.LoLAConfig(sparse_size=5, gqa_storage="query_head"))
     with pytest.raises(ValueError, match="covers|cover"):

@@ -127,22 +127,28 @@ class HeadBudgets(BaseModel):
         """Sparse slots over all layers and heads (per sequence)."""
         return sum(sum(row) for row in self.sparse_size_per_head)
 
+    def sizes_for(self, sparse_size: int) -> list[list[int]]:
+        """Per-layer, per-head sizes redistributing a uniform ``sparse_size``: the stored sizes
+        for :attr:`uniform_sparse_size`, else a new :func:`allocate` of the same scores and power."""
+        if sparse_size == self.uniform_sparse_size:
+            return [list(row) for row in self.sparse_size_per_head]
+        return allocate(torch.tensor(self.scores, dtype=torch.float64), sparse_size, power=self.power).tolist()
+
     def apply(self, config: LoLAConfig) -> LoLAConfig:
-        """``config`` with each layer's ``sparse_size_per_head`` set from these budgets.
+        """``config`` with each layer's ``sparse_size_per_head`` redistributing its
+        ``sparse_size`` by these budgets' scores (:meth:`sizes_for`): the same total of sparse
+        slots as the uniform config.
 
         Raises:
-            ValueError: if ``config`` stores per query head (budgets are per K/V head), sets its
-                own per-head sparse sizes, or its ``sparse_size`` differs from the budgets'
-                uniform size (the byte comparison would no longer hold).
+            ValueError: if ``config`` stores per query head (budgets are per K/V head) or sets
+                its own per-head or per-layer sparse sizes.
         """
         if config.gqa_storage != "kv_head":
             raise ValueError("head budgets are per K/V head: use gqa_storage='kv_head'")
-        if config.sparse_size != self.uniform_sparse_size:
-            raise ValueError(f"budgets redistribute a uniform sparse_size of {self.uniform_sparse_size}, the config has {config.sparse_size}")
         if config.sparse_size_per_head is not None or any("sparse_size_per_head" in o or "sparse_size" in o for o in config.layer_overrides.values()):
             raise ValueError("the config already sets per-head or per-layer sparse sizes")
         overrides = {i: dict(config.layer_overrides.get(i, {})) for i in range(self.num_layers)}
-        for i, row in enumerate(self.sparse_size_per_head):
+        for i, row in enumerate(self.sizes_for(config.sparse_size)):
             overrides[i]["sparse_size_per_head"] = list(row)
         extra = [i for i in config.layer_overrides if i >= self.num_layers]
         if extra:

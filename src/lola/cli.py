@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--needle", help="needle template with {key} and {value} (with --question)")
     niah.add_argument("--question", help="question template with {key} (with --needle)")
     niah.add_argument("--answer-prefix", dest="answer_prefix", help="with --question: text that starts the answer, with {key}")
-    niah.add_argument("--budgets", help="sparse budgets of the lola method: uniform (default), a shipped name (e.g. smollm2-135m-instruct) or a `lola calibrate` file")
+    niah.add_argument("--budgets", help="sparse budgets of the lola method: auto (default: the model's shipped calibrated budgets, else uniform), uniform, a shipped name (e.g. smollm2-135m-instruct) or a `lola calibrate` file")
     niah.add_argument("--batch-size", dest="batch_size", type=int, help="samples of one length generated as one left-padded batch (default 1)")
     niah.add_argument("--config", help="a JSON or YAML file of options (also `variants`: named LoLA configs to compare); command-line options override it")
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")

@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+import lola
 from lola.cli import main
 from lola.eval.runner import NiahRun, method_configs, run_niah, summarize
 from tests.integrations.transformers.conftest import tiny
@@ -22,7 +23,7 @@ class TinyTokenizer:
         return " ".join(str(int(i)) for i in ids)
 
 
-RUN = NiahRun(lengths=[200], samples=2, policies=["sre", "recency"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=3)
+RUN = NiahRun(lengths=[200], samples=2, policies=["sre", "recency"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=3, budgets="uniform")
 
 
 def test_methods_share_one_budget():
@@ -101,7 +102,7 @@ def test_config_file_with_command_line_override(tmp_path, fmt, monkeypatch):
 
 @pytest.mark.parametrize("task", ["niah_multikey_2", "niah_multikey_3", "vt"])
 def test_other_tasks_run_end_to_end(tmp_path, task):
-    run = NiahRun(task=task, lengths=[300], samples=1, methods=["full", "lola"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2)
+    run = NiahRun(task=task, lengths=[300], samples=1, methods=["full", "lola"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2, budgets="uniform")
     records = run_niah(run, tiny("llama"), TinyTokenizer(), tmp_path, progress=False)
     assert len(records) == 2 and all(r["answers"] for r in records)
 
@@ -110,7 +111,7 @@ def test_batched_samples_equal_samples_run_alone(tmp_path):
     # Left-padded batches of prompts of different lengths: the same answers as one at a time.
     hay = tmp_path / "prose.txt"  # sentences of varied length: prompts of varied length
     hay.write_text(" ".join("word " * (1 + (i * 7) % 11) + "end." for i in range(200)))
-    run = NiahRun(lengths=[200, 260], samples=3, methods=["full", "window", "lola"], policies=["sre", "expected_attention"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=4, haystack_file=str(hay))
+    run = NiahRun(lengths=[200, 260], samples=3, methods=["full", "window", "lola"], policies=["sre", "expected_attention"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=4, haystack_file=str(hay), budgets="uniform")
     model, tok = tiny("llama"), TinyTokenizer()
     alone = run_niah(run, model, tok, tmp_path / "alone", progress=False)
     batched = run_niah(run, model, tok, tmp_path / "batched", progress=False, batch_size=3)
@@ -155,3 +156,13 @@ def test_summary_has_wilson_intervals():
     recs = [{"method": "m", "length": 1, "score": s, "cache_bytes": 1} for s in (1, 0, 1, 1)]
     row = summarize(recs)["m"][1]
     assert row["low"] < row["accuracy"] == 75.0 < row["high"]
+
+
+def test_auto_budgets_are_the_models_shipped_ones():
+    # The default: calibrated budgets for a model that has them, uniform for any other.
+    shipped = method_configs(NiahRun(methods=["lola"]))["lola-sre"]
+    assert shipped.for_layer(17).sparse_size_per_head == lola.budgets.load("smollm2-135m-instruct").sparse_size_per_head[17]
+    other = method_configs(NiahRun(model="some/other-model", methods=["lola"]))["lola-sre"]
+    assert other.layer_overrides == {} and other.sparse_size == 192
+    uniform = method_configs(NiahRun(methods=["lola"], budgets="uniform"))["lola-sre"]
+    assert uniform.layer_overrides == {}

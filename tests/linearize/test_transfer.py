@@ -142,7 +142,7 @@ def test_niah_methods_take_the_trained_mixing_unless_told_otherwise(trained):
     from lola.eval.runner import NiahRun, method_configs
 
     out, _ = trained
-    small = dict(window=8, sparse_size=8, sinks=2, chunk=8)
+    small = dict(window=8, sparse_size=8, sinks=2, chunk=8, budgets="uniform")
     cfgs = method_configs(NiahRun(feature_maps=str(out), **small))
     assert "mixing" not in cfgs["lolcats"].model_fields_set and "mixing" not in cfgs["lola-sre"].model_fields_set
     assert cfgs["window"].mixing == "softmax_only"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -28,6 +29,12 @@ def average_rope_rotation(head_dim: int, theta: float, horizon: int, device: tor
     r[i, i], r[i, i + half] = c, -s
     r[i + half, i + half], r[i + half, i] = c, s
     return r.float()
+
+
+@lru_cache(maxsize=16)
+def _cached_rotation(head_dim: int, theta: float, horizon: int, device: str) -> torch.Tensor:
+    # Scoring runs at every step of every layer; the rotation depends on the settings only.
+    return average_rope_rotation(head_dim, theta, horizon, torch.device(device))
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class ExpectedAttention:
         g = ctx.group(candidates)
         mu, cov = ctx.queries.mean(), ctx.queries.covariance()  # [B, H, D], [B, H, D, D]
         if self.rope_theta is not None:
-            r = average_rope_rotation(mu.shape[-1], self.rope_theta, self.horizon, mu.device)
+            r = _cached_rotation(mu.shape[-1], self.rope_theta, self.horizon, str(mu.device))
             mu = mu @ r.T
             cov = r @ cov @ r.T
         k = ctx.expand_heads(candidates.k, g).float()  # [B, H, N, D]

@@ -68,17 +68,26 @@ def _print_errors(command: str, err: Exception) -> None:
 
 
 def _linearize(args: argparse.Namespace) -> int:
-    from lola.linearize import LinearizeConfig, linearize
+    from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
 
-    fields = ("window", "feature_map", "feature_dim", "mixing", "steps", "lr", "chunk_tokens", "train_chunks", "eval_chunks", "text", "checkpoint_every", "seed")
-    options = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+    stage1 = {"window": "window", "feature_map": "feature_map", "feature_dim": "feature_dim", "mixing": "mixing", "steps": "steps", "lr": "lr",
+              "chunk_tokens": "chunk_tokens", "train_chunks": "train_chunks", "eval_chunks": "eval_chunks", "text": "text",
+              "checkpoint_every": "checkpoint_every", "seed": "seed", "batch": "batch", "device": "device"}
+    stage2 = {"stage2_steps": "steps", "batch": "batch", "chunk_tokens": "seq_len", "lora_lr": "lr", "maps_lr": "maps_lr", "lora_rank": "lora_rank",
+              "lora_alpha": "lora_alpha", "ce_weight": "ce_weight", "kl_weight": "kl_weight", "eval_chunks": "eval_chunks", "text": "text",
+              "checkpoint_every": "checkpoint_every", "seed": "seed", "device": "device"}
+    opts1 = {f: getattr(args, a) for a, f in stage1.items() if getattr(args, a) is not None}
+    opts2 = {f: getattr(args, a) for a, f in stage2.items() if getattr(args, a) is not None}
     model_name = args.model
     if args.quick:  # a smoke run: tiny random model, a few short steps
         model_name = model_name or "tiny-random-llama"
-        options = {"steps": 6, "chunk_tokens": 128, "train_chunks": 3, "eval_chunks": 1, "window": 16, "checkpoint_every": 3, **options}
+        quick = {"text": ["pydoc"], "eval_chunks": 1}  # no corpus download for a smoke run
+        opts1 = {**quick, "steps": 6, "chunk_tokens": 128, "train_chunks": 3, "window": 16, "checkpoint_every": 3, **opts1}
+        opts2 = {**quick, "steps": 4, "seq_len": 128, "warmup_steps": 1, "checkpoint_every": 2, **opts2}
     model_name = model_name or "smollm2-135m-instruct"
     try:
-        cfg = LinearizeConfig(**options)
+        cfg1 = LinearizeConfig(**opts1) if args.stage in ("1", "all") else None
+        cfg2 = FinetuneConfig(**opts2) if args.stage in ("2", "all") else None
     except ValueError as err:
         _print_errors("linearize", err)
         return 2
@@ -86,18 +95,30 @@ def _linearize(args: argparse.Namespace) -> int:
 
     try:
         model, tok = models.load(model_name)
-        linearize(model, tok, cfg, args.out, model_name=model_name)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        from pathlib import Path
+
+        from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
+
+        if cfg1 is not None and cfg2 is not None and (Path(args.out) / FINETUNE_CHECKPOINT_FILE).is_file():
+            print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
+        elif cfg1 is not None:
+            linearize(model, tok, cfg1, args.out, model_name=model_name)
+        if cfg2 is not None:
+            finetune(model, tok, cfg2, args.out, maps=args.feature_maps, model_name=model_name)
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as err:
         print(f"lola linearize: {err}", file=sys.stderr)
         return 2
-    print(f"feature maps: {args.out} (use with --feature-maps {args.out})")
+    except KeyboardInterrupt:
+        print(f"\nlola linearize: interrupted; run the same command again to resume from the last checkpoint in {args.out}", file=sys.stderr)
+        return 130
+    print(f"linearized: {args.out} (use with --feature-maps {args.out})")
     return 0
 
 
 def _perplexity(args: argparse.Namespace) -> int:
     from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
 
-    fields = ("model", "lengths", "methods", "feature_maps", "window", "sparse_size", "sinks", "chunk", "policy", "windows", "text")
+    fields = ("model", "lengths", "methods", "feature_maps", "window", "sparse_size", "sinks", "chunk", "policy", "windows", "text", "generate", "generate_windows")
     try:
         run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
         if run.feature_maps is not None:
@@ -115,7 +136,9 @@ def _perplexity(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
         print(f"lola perplexity: {err}", file=sys.stderr)
         return 2
-    print(f"\nheld-out perplexity ({run.text or 'pydoc_data.topics'}, last 10%; window {run.window}, sparse {run.sparse_size}, sinks {run.sinks}"
+    from lola.data import describe
+
+    print(f"\nheld-out perplexity ({describe(run.text)}, held-out {run.heldout_fraction:.0%}; window {run.window}, sparse {run.sparse_size}, sinks {run.sinks}"
           f"{', feature maps ' + run.feature_maps if run.feature_maps else ', untrained feature maps'})\n")
     print(format_perplexity(results))
     if args.out:
@@ -209,22 +232,35 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
     niah.set_defaults(func=_niah)
 
-    lin = sub.add_parser("linearize", help="attention transfer: train feature maps so a window + linear hybrid imitates the model")
+    lin = sub.add_parser("linearize", help="linearize a model: attention transfer (stage 1), then LoRA fine-tuning against it (stage 2)")
     lin.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
-    lin.add_argument("--out", required=True, help="output folder (re-running resumes from its checkpoint)")
-    lin.add_argument("--steps", type=int, help="optimizer steps, one text chunk each (default 400)")
-    lin.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-2, cosine decay)")
-    lin.add_argument("--window", type=int, help="exact keys per query of the hybrid (default 64)")
-    lin.add_argument("--feature-map", dest="feature_map", help="hedgehog_identity (default) or hedgehog")
-    lin.add_argument("--feature-dim", dest="feature_dim", type=int, help="f of a random-init hedgehog map (default 64)")
-    lin.add_argument("--mixing", help="lolcats (default) or lola_authors")
-    lin.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, help="tokens per training chunk (default 1024)")
-    lin.add_argument("--train-chunks", dest="train_chunks", type=int, help="training chunks kept as activations (default 24)")
-    lin.add_argument("--eval-chunks", dest="eval_chunks", type=int, help="held-out chunks for the MSE report (default 2)")
-    lin.add_argument("--text", help="UTF-8 training text (default: CPython's pydoc_data.topics)")
-    lin.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, help="steps between checkpoints (default 25)")
+    lin.add_argument("--out", required=True, help="output folder (re-running resumes from its checkpoints)")
+    lin.add_argument("--stage", choices=("1", "2", "all"), default="all", help="1: attention transfer; 2: LoRA fine-tuning from the stage-1 maps in --out (or --feature-maps); all (default): both")
+    lin.add_argument("--feature-maps", dest="feature_maps", help="stage 2 only: the stage-1 folder to start from (default: --out)")
+    lin.add_argument("--text", nargs="+", help="training text: files, folders (.txt/.md/.rst) or corpus names (default: the default corpus, see `lola.corpora`)")
+    lin.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, help="tokens per training sequence, both stages (default 2048)")
+    lin.add_argument("--batch", type=int, help="sequences per optimizer step, over all processes under torchrun (default 1)")
+    lin.add_argument("--eval-chunks", dest="eval_chunks", type=int, help="held-out sequences for the before/after report (default 2)")
+    lin.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, help="steps between checkpoints")
     lin.add_argument("--seed", type=int)
-    lin.add_argument("--quick", action="store_true", help="a few short steps on a tiny random model (smoke test)")
+    lin.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where both stages train (default auto: CUDA when available)")
+    g1 = lin.add_argument_group("stage 1 (attention transfer)")
+    g1.add_argument("--steps", type=int, help="optimizer steps (default 400)")
+    g1.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-2, cosine decay)")
+    g1.add_argument("--window", type=int, help="exact keys per query of the hybrid (default 64)")
+    g1.add_argument("--feature-map", dest="feature_map", help="hedgehog_identity (default) or hedgehog")
+    g1.add_argument("--feature-dim", dest="feature_dim", type=int, help="f of a random-init hedgehog map (default 64)")
+    g1.add_argument("--mixing", help="lolcats (default) or lola_authors")
+    g1.add_argument("--train-chunks", dest="train_chunks", type=int, help="distinct training chunks (default 24)")
+    g2 = lin.add_argument_group("stage 2 (LoRA fine-tuning, KL to the stock model)")
+    g2.add_argument("--stage2-steps", dest="stage2_steps", type=int, help="optimizer steps (default 150)")
+    g2.add_argument("--lora-lr", dest="lora_lr", type=float, help="learning rate of the LoRA weights (default 1e-3)")
+    g2.add_argument("--maps-lr", dest="maps_lr", type=float, help="learning rate of the feature maps and window factors (default 1e-3; 0 freezes them)")
+    g2.add_argument("--lora-rank", dest="lora_rank", type=int, help="LoRA rank (default 8)")
+    g2.add_argument("--lora-alpha", dest="lora_alpha", type=float, help="LoRA alpha (default 16)")
+    g2.add_argument("--kl-weight", dest="kl_weight", type=float, help="weight of KL(teacher || student) (default 1)")
+    g2.add_argument("--ce-weight", dest="ce_weight", type=float, help="weight of the next-token cross-entropy (default 0)")
+    lin.add_argument("--quick", action="store_true", help="a few short steps of both stages on a tiny random model (smoke test)")
     lin.set_defaults(func=_linearize)
 
     cal = sub.add_parser("calibrate", help="find the retrieval heads of a model and write per-head sparse budgets")
@@ -249,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
     ppl.add_argument("--policy", help="scoring policy of the lola method (default sre)")
     ppl.add_argument("--windows", type=int, help="held-out windows per length (default 4)")
-    ppl.add_argument("--text", help="UTF-8 text whose last 10%% is held out (default: pydoc_data.topics)")
+    ppl.add_argument("--text", nargs="+", help="files, folders or corpus names whose last 10%% is held out (default: the default corpus)")
+    ppl.add_argument("--generate", type=int, help="greedy tokens generated per window for the repetition check (default 64; 0: off)")
+    ppl.add_argument("--generate-windows", dest="generate_windows", type=int, help="windows per length continued for the repetition check (default 2)")
     ppl.add_argument("--out", help="also write the results to this JSON file")
     ppl.set_defaults(func=_perplexity)
     return parser

@@ -122,7 +122,7 @@ def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> P
     return target
 
 
-def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None = None) -> tuple[Any, Any]:
+def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None = None, linearized: bool = False, lola_config: Any = None) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a registered name, a ``.gguf`` file or a Hugging Face folder.
 
     Args:
@@ -130,10 +130,31 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
             ``config.json`` and weights.
         dtype: torch dtype of the weights (GGUF files are dequantised to float32 by default).
         device: where to put the model (``None`` = CPU).
+        linearized: a registered name only: return the linearized model, i.e. LoLA applied with
+            the feature maps and LoRA adapters shipped with lola for it
+            (:mod:`lola.linearize.shipped`); generate with ``cache=LoLACache(model)``.
+        lola_config: with ``linearized``, the :class:`lola.LoLAConfig` to apply (default
+            ``LoLAConfig()``: window 64, sparse cache 64, 4 sinks, the maps' mixing rule); the
+            bare hybrid is ``LoLAConfig(sparse_size=0, sinks=0, schedule="tokenwise")``.
 
     Returns:
         The ``AutoModelForCausalLM`` in eval mode and its tokenizer.
     """
+    if linearized:
+        from lola.linearize.shipped import SHIPPED
+
+        names = [n for n, s in SHIPPED.items() if s.model == str(name_or_path)]
+        if not names:
+            have = ", ".join(sorted({s.model for s in SHIPPED.values()})) or "none"
+            raise ValueError(f"no linearized feature maps ship for {str(name_or_path)!r} (models with shipped maps: {have}); train them with `lola linearize`")
+        from lola.config import LoLAConfig
+        from lola.integrations.transformers import apply_lola
+
+        model, tok = load(name_or_path, dtype=dtype, device=device)
+        apply_lola(model, lola_config if lola_config is not None else LoLAConfig(), feature_maps=names[0])
+        return model, tok
+    if lola_config is not None:
+        raise ValueError("lola_config is only used with linearized=True; otherwise call lola.apply_lola(model, config) yourself")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -170,7 +191,7 @@ def tiny_random(seed: int = 0, device: str | None = None) -> tuple[Any, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lola.linearize.text import ByteTokenizer
+    from lola.data import ByteTokenizer
 
     config = LlamaConfig(
         vocab_size=ByteTokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

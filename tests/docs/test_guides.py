@@ -91,6 +91,12 @@ API_PAGES = {
     "lola.kernels": "kernels.rst",
     "lola.integrations.transformers": "integrations.rst",
     "lola.models": "models.rst",
+    "lola.data": "data.rst",
+    "lola.corpora": "data.rst",
+    "lola.linearize.shipped": "linearize.rst",
+    "lola.linearize.distributed": "linearize.rst",
+    "lola.linearize.training_attention": "linearize.rst",
+    "lola.eval.generation": "eval.rst",
     "lola.eval": "eval.rst",
     "lola.linearize": "linearize.rst",
 }

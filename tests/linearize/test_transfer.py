@@ -12,7 +12,7 @@ from lola.linearize import LinearizeConfig, linearize, read_feature_maps
 from lola.linearize.transfer import CHECKPOINT_FILE
 from lola.models import tiny_random
 
-CFG = LinearizeConfig(steps=12, chunk_tokens=96, train_chunks=3, eval_chunks=1, window=8, checkpoint_every=4, lr=3e-2)
+CFG = LinearizeConfig(steps=12, chunk_tokens=96, train_chunks=3, eval_chunks=1, window=8, checkpoint_every=4, lr=3e-2, text=["pydoc"])
 
 
 @pytest.fixture(scope="module")
@@ -131,9 +131,9 @@ def test_cli_quick_run_and_niah_with_feature_maps(tmp_path, capsys):
     out = tmp_path / "maps"
     assert main(["linearize", "--quick", "--out", str(out)]) == 0
     assert (out / "feature_maps.safetensors").is_file()
-    assert main(["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(out), "--length", "64", "--windows", "1", "--window", "16", "--sparse-size", "4"]) == 0
+    assert main(["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(out), "--length", "64", "--windows", "1", "--window", "16", "--sparse-size", "4", "--text", "pydoc", "--generate", "8"]) == 0
     text = capsys.readouterr().out
-    assert "lolcats" in text and "lola" in text and "x)" in text
+    assert "lolcats" in text and "lola" in text and "x)" in text and "repeated 4-grams" in text
     assert main(["niah", "--model", "tiny-random-llama", "--feature-maps", str(tmp_path / "nope"), "--out", str(tmp_path / "n")]) == 2
     assert "not a feature-map folder" in capsys.readouterr().err
 

@@ -3,6 +3,11 @@
 Each context length ``L`` cuts the held-out token stream into non-overlapping windows of ``L``
 tokens; a method's perplexity is ``exp`` of the mean next-token negative log-likelihood over
 every predicted token of every window (``L − 1`` per window), one forward pass per window.
+
+Perplexity hides generation failures, so each method also continues the first
+``generate_windows`` windows of every length greedily for ``generate`` tokens, and the report
+gives the repeated 4-gram rate of those continuations (:mod:`lola.eval.generation`) beside
+full attention's on the same prompts.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ class PerplexityRun(BaseModel):
     chunk: int = Field(64, ge=1)
     policy: str = "sre"
     windows: int = Field(4, ge=1, description="held-out windows per length (at most)")
-    text: str | None = Field(None, description="UTF-8 text file; None: CPython's pydoc_data.topics")
+    generate: int = Field(64, ge=0, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)")
+    generate_windows: int = Field(2, ge=1)
+    text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
 
 
@@ -69,10 +76,11 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     """``{method: {length: {"ppl": …, "tokens": …, "windows": …}}}`` on the held-out split."""
     from tqdm.auto import tqdm
 
+    from lola.data import encode, load_split
+    from lola.eval.generation import greedy_continuation, repeated_ngram_rate
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
-    from lola.linearize.text import encode, load_text, split_text
 
-    _, heldout = split_text(load_text(run.text), run.heldout_fraction)
+    _, heldout = load_split(run.text, run.heldout_fraction)
     ids = encode(tokenizer, heldout)
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     for n in run.lengths:
@@ -85,8 +93,10 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     configs = perplexity_configs(run)
     device = next(model.parameters()).device
     jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n))]
-    bar = tqdm(total=len(jobs), desc="perplexity", disable=not progress)
+    gen_jobs = sum(1 for m, n, w in jobs if run.generate and w < run.generate_windows)
+    bar = tqdm(total=len(jobs) + gen_jobs, desc="perplexity", disable=not progress)
     sums: dict[tuple[str, int], list[float]] = {}
+    repeats: dict[tuple[str, int], list[float]] = {}
     for method, cfg in configs.items():
         if cfg is not None:
             apply_lola(model, cfg, feature_maps=run.feature_maps)
@@ -101,18 +111,29 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
                 acc[1] += count
                 acc[2] += 1
                 bar.update(1)
+                if run.generate and w < run.generate_windows:
+                    cont = greedy_continuation(model, window, run.generate, (lambda: LoLACache(model)) if cfg is not None else None)
+                    repeats.setdefault((method, n), []).append(repeated_ngram_rate(cont, 4))
+                    bar.update(1)
         finally:
             if cfg is not None:
                 remove_lola(model)
     bar.close()
-    return {
-        m: {n: {"ppl": math.exp(sums[(m, n)][0] / sums[(m, n)][1]), "tokens": sums[(m, n)][1], "windows": sums[(m, n)][2]} for n in run.lengths}
-        for m in configs
-    }
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    for m in configs:
+        results[m] = {}
+        for n in run.lengths:
+            total, count, windows = sums[(m, n)]
+            cell = {"ppl": math.exp(total / count), "tokens": count, "windows": windows}
+            if (m, n) in repeats:
+                cell["repeat4"] = sum(repeats[(m, n)]) / len(repeats[(m, n)])
+            results[m][n] = cell
+    return results
 
 
 def format_perplexity(results: dict[str, dict[int, dict[str, float]]]) -> str:
-    """A text table: perplexity per method × length, and the ratio to ``full`` when present."""
+    """A text table: perplexity per method × length, the ratio to ``full`` when present, and the
+    repeated 4-gram rate of the greedy continuations when measured."""
     lengths = sorted({n for per in results.values() for n in per})
     head = f"{'method':<12}" + "".join(f"{n:>16}" for n in lengths)
     lines = [head, "-" * len(head)]
@@ -124,4 +145,8 @@ def format_perplexity(results: dict[str, dict[int, dict[str, float]]]) -> str:
             ratio = f" ({ppl / full[n]['ppl']:.2f}x)" if full and m != "full" else ""
             cells.append(f"{ppl:.2f}{ratio}".rjust(16))
         lines.append(f"{m:<12}" + "".join(cells))
+    if any("repeat4" in c for per in results.values() for c in per.values()):
+        lines += ["", "repeated 4-grams in greedy continuations (0 = none; compare with full)", head, "-" * len(head)]
+        for m, per in results.items():
+            lines.append(f"{m:<12}" + "".join(f"{per[n]['repeat4']:.2f}".rjust(16) if "repeat4" in per[n] else " " * 16 for n in lengths))
     return "\n".join(lines)

@@ -52,7 +52,7 @@ class NiahRun(BaseModel):
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
     # None: softmax_only, or with feature_maps the rule they were trained with.
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = None
-    feature_maps: str | None = Field(None, description="a `lola linearize` folder loaded into every method but full")
+    feature_maps: str | None = Field(None, description="a `lola linearize` folder, or a shipped name, loaded into every method but full")
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
     max_new_tokens: int | None = Field(None, ge=1, description="None: 12 for number answers, 64 for uuids and vt")
     seed: int = 0
@@ -88,7 +88,9 @@ class NiahRun(BaseModel):
     @field_validator("feature_maps")
     @classmethod
     def _feature_maps_folder(cls, path: str | None) -> str | None:
-        if path is not None and not (Path(path) / "feature_maps.safetensors").is_file():
+        from lola.linearize.shipped import SHIPPED
+
+        if path is not None and path not in SHIPPED and not (Path(path) / "feature_maps.safetensors").is_file():
             raise ValueError(f"{path!r} is not a feature-map folder (no feature_maps.safetensors; create it with `lola linearize --out {path}`)")
         return path
 

@@ -22,11 +22,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from lola.config import LoLAConfig
+from lola.data import describe, encode, load_split, token_chunks
 from lola.layer import LoLAAttention, compose
+from lola.linearize.checkpoint import read_checkpoint, write_checkpoint
+from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
 from lola.linearize.folder import REPORT_FILE, model_geometry, write_feature_maps
 from lola.linearize.hybrid import hybrid_attention
 from lola.linearize.teacher import LayerActivations, collect_activations
-from lola.linearize.text import encode, load_text, split_text, token_chunks
 
 __all__ = ["LinearizeConfig", "hybrid_config", "layer_loss", "linearize"]
 
@@ -43,15 +45,18 @@ class LinearizeConfig(BaseModel):
     feature_dim: int = Field(64, ge=1, description="f of the Hedgehog map (F = 2f); = head_dim for hedgehog_identity")
     mixing: Literal["lolcats", "lola_authors"] = "lolcats"
     affine: bool = False
-    steps: int = Field(400, ge=1, description="optimizer steps (one text chunk, all layers, per step)")
+    steps: int = Field(400, ge=1, description="optimizer steps (batch text chunks, all layers, per step)")
+    batch: int = Field(1, ge=1, description="text chunks per step (the global batch under torchrun)")
     lr: float = Field(1e-2, gt=0)
-    chunk_tokens: int = Field(1024, ge=8)
-    train_chunks: int = Field(24, ge=1, description="text chunks kept as training activations")
+    chunk_tokens: int = Field(2048, ge=8, description="tokens per chunk: train at the evaluation length")
+    train_chunks: int = Field(24, ge=1, description="distinct training chunks")
+    cache_activations: bool = Field(True, description="keep each chunk's teacher activations (fast; memory grows with train_chunks) or recompute them every step")
     eval_chunks: int = Field(2, ge=1, description="held-out chunks for the before/after MSE")
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
-    text: str | None = Field(None, description="UTF-8 training text; None: CPython's pydoc_data.topics")
+    text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
     checkpoint_every: int = Field(25, ge=1)
     seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
@@ -64,13 +69,14 @@ def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
 
 def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int) -> torch.Tensor:
     """``1000 · MSE`` between the hybrid's output and the softmax output on one chunk."""
-    q = acts.q.float()
+    device = student.window_factors.device  # activations live on the CPU; the student may not
+    q = acts.q.to(device).float()
     groups = student.num_heads // student.num_kv_heads
-    k, v = (x.float().repeat_interleave(groups, dim=1) for x in (acts.k, acts.v))
+    k, v = (x.to(device).float().repeat_interleave(groups, dim=1) for x in (acts.k, acts.v))
     fq, fk = student.feature_map_q(q), student.feature_map_k(k)
     gate = torch.sigmoid(student.window_factors.float()).view(-1)
     y = hybrid_attention(q, k, v, fq, fk, gate, window, student.scale, student.mixing, student.affine)
-    return 1000.0 * torch.mean((y - acts.y.float()) ** 2)
+    return 1000.0 * torch.mean((y - acts.y.to(device).float()) ** 2)
 
 
 def _students(model: torch.nn.Module, cfg: LinearizeConfig) -> dict[int, LoLAAttention]:
@@ -121,7 +127,9 @@ def linearize(
     """Train feature maps for every attention layer of ``model`` and write the folder ``out``.
 
     Resumable: ``out/checkpoint.pt`` (written every ``cfg.checkpoint_every`` steps) is picked
-    up by a later call with the same configuration (``steps`` may grow).
+    up by a later call with the same configuration (``steps`` may grow). Under ``torchrun``
+    each process takes its share of every step's ``cfg.batch`` chunks (data parallel) and
+    rank 0 writes the folder.
 
     Args:
         model: a stock transformers Llama-family decoder (frozen; not modified).
@@ -138,27 +146,46 @@ def linearize(
     from tqdm.auto import tqdm
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.device)
+    world = init_world(device)
+    if cfg.batch % world.size:
+        raise ValueError(f"batch ({cfg.batch}) must be a multiple of the number of processes ({world.size})")
+    if world.size > 1 and device.type == "cuda":
+        device = torch.device("cuda", world.rank % torch.cuda.device_count())
+    model.to(device)
+    if world.main:
+        out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     geometry = model_geometry(model)
 
-    text = load_text(cfg.text)
-    train_text, heldout_text = split_text(text, cfg.heldout_fraction)
+    train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
     train = token_chunks(encode(tokenizer, train_text), cfg.chunk_tokens, cfg.train_chunks)
     heldout = token_chunks(encode(tokenizer, heldout_text), cfg.chunk_tokens, cfg.eval_chunks)
-    log(f"text: {len(text):,} characters ({'pydoc_data.topics' if cfg.text is None else cfg.text}); "
-        f"{train.shape[0]} training and {heldout.shape[0]} held-out chunks of {cfg.chunk_tokens} tokens")
+    if world.main:
+        log(f"text: {describe(cfg.text)}, {len(train_text) + len(heldout_text):,} characters; "
+            f"{train.shape[0]} training and {heldout.shape[0]} held-out chunks of {cfg.chunk_tokens} tokens"
+            + (f"; {world.size} processes" if world.size > 1 else ""))
 
     t0 = time.perf_counter()
-    bar = (lambda it: tqdm(it, desc="teacher activations", unit="chunk")) if progress else None
-    train_acts = collect_activations(model, train, progress=bar)
     eval_acts = collect_activations(model, heldout)
+    cached: dict[int, dict[int, LayerActivations]] = {}
     collect_s = time.perf_counter() - t0
 
-    students = _students(model, cfg)
+    def activations(i: int) -> dict[int, LayerActivations]:
+        nonlocal collect_s
+        if i in cached:
+            return cached[i]
+        t = time.perf_counter()
+        acts = collect_activations(model, train[i : i + 1])[0]
+        collect_s += time.perf_counter() - t
+        if cfg.cache_activations:
+            cached[i] = acts
+        return acts
+
+    students = {i: s.to(device) for i, s in _students(model, cfg).items()}
     params = [p for s in students.values() for p in s.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step / cfg.steps, 1.0))))
@@ -167,58 +194,63 @@ def linearize(
     start, losses, train_s = 0, [], 0.0
     ckpt = out / CHECKPOINT_FILE
     if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)  # never unpickle arbitrary objects
-        saved = LinearizeConfig.model_validate(state["config"])
-        if saved.model_copy(update={"steps": cfg.steps}) != cfg:
-            diff = {k: (v, getattr(cfg, k)) for k, v in saved.model_dump().items() if k != "steps" and v != getattr(cfg, k)}
-            raise ValueError(f"{ckpt} was written by a run with other options {diff} (saved, requested); use another --out or the same options")
+        state = read_checkpoint(ckpt, cfg, geometry, "--steps")
         for i, s in students.items():
             s.load_state_dict(state["students"][str(i)])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         start, losses, train_s = int(state["step"]), list(state["losses"]), float(state["train_s"])
         mse_before = {int(k): v for k, v in state["mse_before"].items()}
-        log(f"resuming from step {start} of {cfg.steps} ({ckpt})")
+        if world.main:
+            log(f"resuming from step {start} of {cfg.steps} ({ckpt})")
 
     def save_checkpoint(step: int) -> None:
+        if not world.main:
+            return
         state = {
-            "step": step, "config": cfg.model_dump(), "losses": losses, "train_s": train_s,
+            "step": step, "config": cfg.model_dump(), "geometry": geometry, "losses": losses, "train_s": train_s,
             "mse_before": {str(k): v for k, v in mse_before.items()},
             "students": {str(i): s.state_dict() for i, s in students.items()},
             "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
         }
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(ckpt)  # a crash mid-write never leaves a broken checkpoint
+        write_checkpoint(ckpt, state)
 
-    order = torch.randperm(len(train_acts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    processed = 0  # sequences this process trained on in this call (rank 0's is reported)
+    order = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     steps = range(start, cfg.steps)
-    bar = tqdm(steps, desc="attention transfer", unit="step", initial=start, total=cfg.steps) if progress else steps
+    bar = tqdm(steps, desc="attention transfer", unit="step", initial=start, total=cfg.steps, disable=not (progress and world.main))
     for step in bar:
         t = time.perf_counter()
-        acts = train_acts[order[step % len(order)]]
+        batch = [order[(step * cfg.batch + j) % len(order)] for j in range(cfg.batch)]
+        mine = world.shard(batch)
         total = 0.0
-        for i, s in students.items():
-            loss = layer_loss(s, acts[i], cfg.window)
-            loss.backward()  # layer by layer: one layer's graph alive at a time
-            total += loss.item()
+        collected = collect_s
+        for c in mine:
+            processed += 1
+            acts = activations(c)
+            for i, s in students.items():
+                # each layer trains on its own loss; the mean over this step's chunks
+                loss = layer_loss(s, acts[i], cfg.window) / len(mine)
+                loss.backward()  # layer by layer: one layer's graph alive at a time
+                total += loss.item() / len(students)
+        average_gradients(params, world)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
-        losses.append(total / len(students))
-        train_s += time.perf_counter() - t
-        if progress:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        losses.append(all_reduce_mean(total, world))
+        train_s += time.perf_counter() - t - (collect_s - collected)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(step + 1)
 
     mse_after = _eval_mse(students, eval_acts, cfg.window)
-    write_feature_maps(out, _tensors(students), hybrid_config(cfg), geometry, model_name)
     report = {
         "model": model_name,
         "geometry": geometry,
         "config": cfg.model_dump(),
-        "text": {"source": cfg.text or "pydoc_data.topics", "characters": len(text), "train_tokens": int(train.numel()), "heldout_tokens": int(heldout.numel())},
+        "processes": world.size,
+        "sequences_per_process": processed,
+        "text": {"source": describe(cfg.text), "characters": len(train_text) + len(heldout_text), "train_tokens": int(train.numel()), "heldout_tokens": int(heldout.numel())},
         "steps": cfg.steps,
         "seconds": {"teacher_activations": round(collect_s, 1), "training": round(train_s, 1)},
         "mse_heldout_before": {str(k): v for k, v in mse_before.items()},
@@ -227,7 +259,10 @@ def linearize(
         "train_loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None, "every_step": losses},
         "versions": _versions(),
     }
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    log(f"held-out MSE (mean over layers): {report['mse_heldout_mean']['before']:.3e} -> {report['mse_heldout_mean']['after']:.3e}; "
-        f"training {train_s / 60:.1f} min; wrote {out}")
+    if world.main:
+        write_feature_maps(out, _tensors(students), hybrid_config(cfg), geometry, model_name)
+        (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        log(f"held-out MSE (mean over layers): {report['mse_heldout_mean']['before']:.3e} -> {report['mse_heldout_mean']['after']:.3e}; "
+            f"training {train_s / 60:.1f} min; wrote {out}")
+    world.barrier()
     return report

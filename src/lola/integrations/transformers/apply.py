@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
 from lola.config import LoLAConfig
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
 from lola.layer import LoLAAttention, compose
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lola.linearize.folder import FeatureMaps
 
 __all__ = ["apply_lola", "attention_modules", "remove_lola"]
 
@@ -34,7 +38,7 @@ def _geometry(module: torch.nn.Module) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
-def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: str | os.PathLike | None = None) -> torch.nn.Module:
+def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None) -> torch.nn.Module:
     """Make every attention layer of ``model`` a LoLA layer (in place; returns ``model``).
 
     Each attention module gets a ``lola`` submodule (:class:`lola.LoLAAttention`: feature maps
@@ -48,10 +52,14 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
         model: a transformers Llama-family model (``LlamaForCausalLM``, ``MistralForCausalLM``,
             ``Qwen2ForCausalLM``, …).
         config: the LoLA configuration (default ``LoLAConfig()``).
-        feature_maps: a folder written by ``lola linearize`` (:mod:`lola.linearize.folder`):
+        feature_maps: a folder written by ``lola linearize`` (:mod:`lola.linearize.folder`),
+            or one already read (:class:`~lola.linearize.FeatureMaps`):
             its trained maps and window factors are loaded into every LoLA layer, and its
             ``feature_map``, ``feature_dim``, ``mixing`` and ``affine`` fill in whatever
-            ``config`` leaves unset. Refused with a ``ValueError`` if it was trained for a
+            ``config`` leaves unset. A folder of stage 2 also holds LoRA adapters: they are
+            merged into the q, k, v, o projections (and taken out again by
+            :func:`remove_lola`). A registered name (``"smollm2-135m-instruct"``) loads the
+            maps shipped with lola (:mod:`lola.linearize.shipped`). Refused with a ``ValueError`` if it was trained for a
             model of another shape or ``config`` sets a conflicting feature map.
     """
     config = LoLAConfig() if config is None else config
@@ -61,9 +69,9 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
         raise ValueError("LoLA is already applied to this model; call remove_lola(model) first")
     maps = None
     if feature_maps is not None:
-        from lola.linearize.folder import check_geometry, read_feature_maps
+        from lola.linearize.folder import FeatureMaps, check_geometry, read_feature_maps
 
-        maps = read_feature_maps(feature_maps)
+        maps = feature_maps if isinstance(feature_maps, FeatureMaps) else read_feature_maps(feature_maps)
         check_geometry(maps, model)
         config = maps.merge_into(config)
     modules = attention_modules(model)
@@ -107,6 +115,10 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
         keep = {k: v for k, v in maps.tensors.items() if int(re.search(r"layers\.(\d+)\.", k).group(1)) in by_layer}
         try:
             load_lolcats_checkpoint(model, keep)
+            if maps.lora is not None:
+                from lola.linearize.lora import merge_lora
+
+                model._lola["merged_weights"] = merge_lora(model, maps.lora, maps.lora_spec)
         except Exception:
             remove_lola(model)  # leave the model as it came
             raise
@@ -123,6 +135,10 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
         if hasattr(module, "lola"):
             del module.lola
     model.set_attn_implementation(info["previous_attn_implementation"])
+    if info.get("merged_weights"):
+        from lola.linearize.lora import restore_weights
+
+        restore_weights(model, info["merged_weights"])  # the stock projections, bit for bit
     del model._lola
     return model
 

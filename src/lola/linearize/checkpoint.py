@@ -1,0 +1,52 @@
+"""Resumable training: an atomic checkpoint write, and a read that refuses what does not match.
+
+Both stages of ``lola linearize`` checkpoint their trainable tensors, optimizer, schedule and
+losses; a later run with the same ``--out`` and options resumes. A checkpoint written with other
+options, for a model of another shape, or beyond the steps now asked for is refused with a
+message that says which.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+__all__ = ["read_checkpoint", "write_checkpoint"]
+
+
+def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def read_checkpoint(path: Path, cfg: BaseModel, geometry: dict, steps_option: str) -> dict[str, Any]:
+    """The state saved at ``path``, checked against this run.
+
+    Args:
+        path: the checkpoint file (read with ``weights_only=True``: data, never code).
+        cfg: this run's options; the saved ones must be equal except ``steps``.
+        geometry: this model's geometry; the saved one must be equal.
+        steps_option: the command-line option of ``steps``, for the message.
+
+    Raises:
+        ValueError: other options, another model, more steps done than asked for, or an
+            unreadable file (named).
+    """
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+        saved = type(cfg).model_validate(state["config"])
+    except Exception as err:  # truncated, foreign or hand-edited files
+        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); delete it to start afresh") from None
+    if saved.model_copy(update={"steps": cfg.steps}) != cfg:
+        diff = {k: (v, getattr(cfg, k)) for k, v in saved.model_dump().items() if k != "steps" and v != getattr(cfg, k)}
+        raise ValueError(f"{path} was written by a run with other options {diff} (saved, requested); use another --out or the same options")
+    if state.get("geometry", geometry) != geometry:
+        raise ValueError(f"{path} was written for another model (geometry {state['geometry']}, this model {geometry})")
+    if int(state["step"]) > cfg.steps:
+        raise ValueError(f"{path} is at step {state['step']}, beyond {steps_option} {cfg.steps}; ask for at least {state['step']} steps")
+    return state

@@ -1,0 +1,327 @@
+"""Stage 2 of linearization (LoLCATs): LoRA fine-tuning of the hybrid against the frozen model.
+
+Attention transfer (stage 1, :mod:`lola.linearize.transfer`) teaches each layer's feature maps
+to imitate softmax attention one layer at a time; the errors still add up across 30 layers, and
+the hybrid writes poorly. Stage 2 trains the whole model end to end: low-rank adapters on the
+q, k, v, o projections (``peft``), the feature maps and the window factors, so that the hybrid's
+next-token distribution matches the stock model's (KL divergence to the teacher, plus an
+optional cross-entropy term), on sequences as long as the evaluation's.
+
+The teacher is the same model with the adapters switched off and stock attention: no second
+copy of the weights. The student runs the hybrid in parallel form through the ``"lola_hybrid"``
+attention function (:mod:`lola.linearize.training_attention`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from lola.data import describe, encode, load_split, token_chunks
+from lola.linearize.checkpoint import read_checkpoint, write_checkpoint
+from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
+from lola.linearize.folder import CONFIG_FILE, check_geometry, model_geometry, read_feature_maps, write_feature_maps
+from lola.linearize.lora import LoraSpec
+
+__all__ = ["FINETUNE_REPORT_FILE", "FinetuneConfig", "distillation_loss", "finetune"]
+
+FINETUNE_CHECKPOINT_FILE = "checkpoint-stage2.pt"
+FINETUNE_REPORT_FILE = "finetune_report.json"
+
+
+class FinetuneConfig(BaseModel):
+    """Options of stage 2 (``lola linearize --stage 2``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int = Field(150, ge=1, description="optimizer steps")
+    batch: int = Field(1, ge=1, description="sequences per step (the global batch under torchrun)")
+    seq_len: int = Field(2048, ge=8, description="tokens per training sequence")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the LoRA weights")
+    maps_lr: float = Field(1e-3, ge=0, description="learning rate of the feature maps and window factors (0: frozen)")
+    warmup_steps: int = Field(10, ge=0)
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    kl_weight: float = Field(1.0, ge=0)
+    ce_weight: float = Field(0.0, ge=0, description="weight of the next-token cross-entropy on the text")
+    eval_chunks: int = Field(2, ge=0, description="held-out sequences for the before/after KL")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1)
+    text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
+    checkpoint_every: int = Field(10, ge=1)
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def lora_spec(self) -> LoraSpec:
+        return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha, targets=self.lora_targets)
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, ids: torch.Tensor, kl_weight: float, ce_weight: float) -> torch.Tensor:
+    """``kl_weight · KL(teacher ‖ student) + ce_weight · CE(next token)``, both per-token means.
+
+    Args:
+        student_logits, teacher_logits: ``[B, T, V]``.
+        ids: ``[B, T]`` the tokens (the cross-entropy predicts ``ids[:, 1:]``).
+    """
+    s = student_logits.float().log_softmax(-1)
+    loss = s.new_zeros(())
+    if kl_weight:
+        t = teacher_logits.float().log_softmax(-1)
+        kl = (t.exp() * (t - s)).sum(-1).mean()
+        loss = loss + kl_weight * kl
+    if ce_weight:
+        ce = F.nll_loss(s[:, :-1].reshape(-1, s.shape[-1]), ids[:, 1:].reshape(-1))
+        loss = loss + ce_weight * ce
+    return loss
+
+
+def _lora_layers(model: torch.nn.Module) -> list:
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+@contextlib.contextmanager
+def _teacher(model: torch.nn.Module, attn_implementation: str) -> Iterator[None]:
+    """The stock model: adapters off, stock attention (parameters' ``requires_grad`` kept)."""
+    from lola.linearize.training_attention import HYBRID_ATTENTION
+
+    layers = _lora_layers(model)
+    grads = {id(p): p.requires_grad for p in model.parameters()}
+    for m in layers:
+        m.enable_adapters(False)
+    model.set_attn_implementation(attn_implementation)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+        model.set_attn_implementation(HYBRID_ATTENTION)
+        for p in model.parameters():
+            p.requires_grad_(grads[id(p)])
+
+
+def _prepare(model: torch.nn.Module, maps_folder: str | Path, cfg: FinetuneConfig, resuming: bool) -> tuple[str, list, list]:
+    """apply_lola with the stage-1 maps, inject LoRA, switch to the training hybrid.
+
+    Returns:
+        ``(stock attention implementation, LoRA parameters, map parameters)``.
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from lola.integrations.transformers import apply_lola
+    from lola.linearize.training_attention import HYBRID_ATTENTION, register_hybrid_attention
+
+    maps = read_feature_maps(maps_folder)
+    check_geometry(maps, model)
+    if maps.lora is not None:
+        if not resuming:
+            raise ValueError(f"{maps_folder} already holds stage-2 LoRA weights and no stage-2 checkpoint; stage 2 starts from stage-1 maps (use another --out)")
+        maps = dataclasses.replace(maps, lora=None, lora_spec=None)  # the checkpoint restores every trained tensor
+    stock = model.config._attn_implementation
+    apply_lola(model, maps.config, feature_maps=maps)
+    inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets), lora_dropout=0.0), model)
+    register_hybrid_attention()
+    model.set_attn_implementation(HYBRID_ATTENTION)
+    lora, maps_params = [], []
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            lora.append(p)
+            p.requires_grad_(True)
+        elif ".lola." in name and cfg.maps_lr > 0:
+            maps_params.append(p)
+            p.requires_grad_(True)
+        else:
+            p.requires_grad_(False)
+    return stock, lora, maps_params
+
+
+def _lora_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().float().cpu() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def _map_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from lola.linearize.transfer import _tensors
+
+    return _tensors(model._lola["modules"])
+
+
+def finetune(
+    model: torch.nn.Module,
+    tokenizer,
+    cfg: FinetuneConfig,
+    out: str | Path,
+    maps: str | Path | None = None,
+    model_name: str | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Stage 2: train LoRA + feature maps of ``model``'s hybrid against the stock model.
+
+    Resumable: ``out/checkpoint-stage2.pt`` (every ``cfg.checkpoint_every`` steps) is picked up
+    by a later call with the same options (``steps`` may grow). Under ``torchrun`` each process
+    takes its share of every step's ``cfg.batch`` sequences (data parallel); rank 0 writes.
+
+    Args:
+        model: a stock transformers Llama-family model (modified: adapters are injected).
+        tokenizer: its tokenizer.
+        cfg: the options.
+        out: the output folder: gets ``feature_maps.safetensors`` (updated maps),
+            ``lora.safetensors``, ``lola_config.json`` and ``finetune_report.json``.
+        maps: the stage-1 folder to start from (default: ``out`` itself).
+        model_name: recorded in the folder.
+
+    Returns:
+        The report written to ``out/finetune_report.json``.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    maps = out if maps is None else Path(maps)
+    if not (Path(maps) / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"stage 2 starts from stage-1 feature maps: {maps} has no {CONFIG_FILE} (run `lola linearize --stage 1 --out {maps}` first)")
+    device = resolve_device(cfg.device)
+    world = init_world(device)
+    if cfg.batch % world.size:
+        raise ValueError(f"batch ({cfg.batch}) must be a multiple of the number of processes ({world.size})")
+    if world.size > 1 and device.type == "cuda":
+        device = torch.device("cuda", world.rank % torch.cuda.device_count())
+    if world.main:
+        out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    model.to(device).eval()  # no dropout in either pass
+    geometry = model_geometry(model)
+    maps_cfg = read_feature_maps(maps).config
+
+    train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
+    train = token_chunks(encode(tokenizer, train_text), cfg.seq_len)
+    heldout = token_chunks(encode(tokenizer, heldout_text), cfg.seq_len, cfg.eval_chunks) if cfg.eval_chunks else train[:0]
+    if world.main:
+        log(f"text: {describe(cfg.text)}, {len(train_text) + len(heldout_text):,} characters; {train.shape[0]} training sequences of {cfg.seq_len} tokens "
+            f"({train.numel():,} tokens; {cfg.steps * cfg.batch * cfg.seq_len:,} seen in {cfg.steps} steps), {heldout.shape[0]} held out"
+            + (f"; {world.size} processes" if world.size > 1 else ""))
+
+    ckpt = out / FINETUNE_CHECKPOINT_FILE
+    stock, lora_params, map_params = _prepare(model, maps, cfg, resuming=ckpt.is_file())
+    groups = [{"params": lora_params, "lr": cfg.lr}]
+    if map_params:
+        groups.append({"params": map_params, "lr": cfg.maps_lr})
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+
+    def lr_factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        return 0.5 * (1 + math.cos(math.pi * min((step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1), 1.0)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    trainable = lora_params + map_params
+
+    def sequence_loss(ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(device).view(1, -1)
+        with torch.no_grad(), _teacher(model, stock):
+            teacher = model(ids, use_cache=False).logits
+        student = model(ids, use_cache=False).logits
+        return distillation_loss(student, teacher, ids, cfg.kl_weight, cfg.ce_weight)
+
+    @torch.no_grad()
+    def heldout_kl() -> float | None:
+        if heldout.shape[0] == 0:
+            return None
+        ids = heldout.to(device)
+        kls = []
+        for row in world.shard(list(range(ids.shape[0]))):
+            with _teacher(model, stock):
+                t = model(ids[row : row + 1], use_cache=False).logits
+            s = model(ids[row : row + 1], use_cache=False).logits
+            kls.append(float(distillation_loss(s, t, ids[row : row + 1], 1.0, 0.0)))
+        total = torch.tensor([sum(kls), len(kls)], dtype=torch.float64)
+        if world.size > 1:
+            torch.distributed.all_reduce(total)  # ranks may hold unequal shares of the held-out rows
+        return float(total[0] / total[1])
+
+    start, losses, train_s = 0, [], 0.0
+    kl_before = None
+    if ckpt.is_file():
+        state = read_checkpoint(ckpt, cfg, geometry, "--stage2-steps")
+        with torch.no_grad():
+            for p, saved_p in zip(trainable, state["trainable"]):
+                p.copy_(saved_p)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        start, losses, train_s, kl_before = int(state["step"]), list(state["losses"]), float(state["train_s"]), state["kl_before"]
+        if world.main:
+            log(f"resuming stage 2 from step {start} of {cfg.steps} ({ckpt})")
+    else:
+        kl_before = heldout_kl()
+
+    def save_checkpoint(step: int) -> None:
+        if not world.main:
+            return
+        state = {
+            "step": step, "config": cfg.model_dump(), "geometry": geometry, "losses": losses, "train_s": train_s, "kl_before": kl_before,
+            "trainable": [p.detach().cpu() for p in trainable],
+            "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+        }
+        write_checkpoint(ckpt, state)
+
+    processed = 0  # sequences this process trained on in this call (rank 0's is reported)
+    order = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    steps = range(start, cfg.steps)
+    bar = tqdm(steps, desc="stage 2 (LoRA)", unit="step", initial=start, total=cfg.steps, disable=not (progress and world.main))
+    for step in bar:
+        t = time.perf_counter()
+        batch = [order[(step * cfg.batch + j) % len(order)] for j in range(cfg.batch)]
+        mine = world.shard(batch)
+        total = 0.0
+        for i in mine:
+            processed += 1
+            loss = sequence_loss(train[i]) / len(mine)
+            loss.backward()
+            total += loss.item()
+        average_gradients(trainable, world)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        losses.append(all_reduce_mean(total, world))
+        train_s += time.perf_counter() - t
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(step + 1)
+
+    kl_after = heldout_kl()
+    report = {
+        "model": model_name,
+        "geometry": geometry,
+        "config": cfg.model_dump(mode="json"),
+        "start_maps": str(maps),
+        "processes": world.size,
+        "sequences_per_process": processed,
+        "device": str(device),
+        "text": {"source": describe(cfg.text), "characters": len(train_text) + len(heldout_text), "train_tokens": int(train.numel()), "heldout_tokens": int(heldout.numel()),
+                 "tokens_seen": cfg.steps * cfg.batch * cfg.seq_len},
+        "steps": cfg.steps,
+        "seconds": {"training": round(train_s, 1)},
+        "kl_heldout": {"before": kl_before, "after": kl_after},
+        "train_loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None, "every_step": losses},
+    }
+    if world.main:
+        from lola.linearize.transfer import _versions
+
+        report["versions"] = _versions()
+        write_feature_maps(out, _map_tensors(model), maps_cfg, geometry, model_name, lora=_lora_tensors(model), lora_spec=cfg.lora_spec())
+        (out / FINETUNE_REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        log(f"held-out KL to the teacher: {kl_before if kl_before is None else f'{kl_before:.4f}'} -> "
+            f"{kl_after if kl_after is None else f'{kl_after:.4f}'}; training {train_s / 60:.1f} min; wrote {out}")
+    world.barrier()
+    return report

@@ -1,0 +1,110 @@
+"""Linearized feature maps (and LoRA adapters) that ship inside the lola package.
+
+``apply_lola(model, cfg, feature_maps="smollm2-135m-instruct")``, ``lola niah --feature-maps
+smollm2-135m-instruct`` and ``lola.models.load("smollm2-135m-instruct", linearized=True)`` read
+the folder ``lola/linearize/shipped/<name>/`` (written by ``lola linearize``, its tensors stored
+in bfloat16). Every file's sha256 is checked before it is read: a damaged installation is an
+error, never a silently different model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["SHIPPED", "SHIPPED_FILES", "ShippedMaps", "pack", "resolve_feature_maps", "shipped_folder"]
+
+SHIPPED_FILES = ("feature_maps.safetensors", "lora.safetensors", "lola_config.json", "report.json", "finetune_report.json")
+
+
+@dataclass(frozen=True)
+class ShippedMaps:
+    """A feature-map folder shipped with lola.
+
+    Attributes:
+        model: the registered model (:data:`lola.models.REGISTRY`) it was trained for.
+        files: ``{file name: sha256}`` of the folder's files.
+        summary: one line on how it was trained (the folder's reports hold the details).
+    """
+
+    model: str
+    files: dict[str, str]
+    summary: str
+
+
+SHIPPED: dict[str, ShippedMaps] = {
+    "smollm2-135m-instruct": ShippedMaps(
+        model="smollm2-135m-instruct",
+        files={
+            "feature_maps.safetensors": "dad247b2087646ffbbfa1e60002a7a046bb124046fea4faf87a4b42f5cc72af1",
+            "lora.safetensors": "fc7204638e03ce9c552e8cd3d955bafdbb0d9c93b48ce0f5a69c294030831457",
+            "lola_config.json": "cac9a9c01ea513868fa64061f78b4bd0c55c3292efa73f5decf002131c67bc7d",
+            "report.json": "9126db6bbfd0c46557a52cf3e3b089b72af6dabba0a4c40e37bc6c90f3491a09",
+            "finetune_report.json": "f2cba62669d77ec7577f5f4ba9f86d491a8c46c263dbb742dac730f571434f53",
+        },
+        summary=(
+            "`lola linearize --model smollm2-135m-instruct --steps 150 --train-chunks 16 --checkpoint-every 10 --stage2-steps 120` "
+            "on two CPU cores (8.5 + 38.5 minutes of training): stage 1 on 32,768 tokens, stage 2 on 245,760 tokens "
+            "of the default corpus at 2,048 tokens; hedgehog_identity maps, window 64, lolcats mixing, LoRA rank 8 on q, k, v, o"
+        ),
+    ),
+}
+SHIPPED_ROOT = Path(__file__).parent / "shipped"
+
+
+def shipped_folder(name: str) -> Path:
+    """The verified folder of the shipped maps ``name``.
+
+    Raises:
+        KeyError: not a shipped name.
+        RuntimeError: a file is missing or its sha256 differs (a damaged installation).
+    """
+    if name not in SHIPPED:
+        raise KeyError(f"no shipped feature maps named {name!r}; shipped: {', '.join(sorted(SHIPPED)) or 'none'}")
+    folder = SHIPPED_ROOT / name
+    for file, digest in SHIPPED[name].files.items():
+        path = folder / file
+        if not path.is_file():
+            raise RuntimeError(f"the shipped feature maps {name!r} lack {path}; reinstall lola")
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        if got != digest:
+            raise RuntimeError(f"{path} has sha256 {got}, expected {digest}; reinstall lola (not loading a damaged file)")
+    return folder
+
+
+def resolve_feature_maps(name_or_path: str | os.PathLike) -> Path:
+    """A shipped name's verified folder, or the path itself."""
+    key = os.fspath(name_or_path)
+    if key in SHIPPED:
+        return shipped_folder(key)
+    return Path(key).expanduser()
+
+
+def pack(folder: str | os.PathLike, out: str | os.PathLike) -> dict[str, str]:
+    """Copy a ``lola linearize`` folder into ``out`` as it ships: tensors in bfloat16, the
+    configuration and reports as they are, no checkpoints.
+
+    Returns:
+        ``{file name: sha256}``, the ``files`` of a :class:`ShippedMaps` entry.
+    """
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(folder), Path(out)
+    dst.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name in SHIPPED_FILES:
+        if not (src / name).is_file():
+            continue
+        if name.endswith(".safetensors"):
+            save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(src / name)).items()}, str(dst / name))
+        else:
+            shutil.copyfile(src / name, dst / name)
+        files[name] = hashlib.sha256((dst / name).read_bytes()).hexdigest()
+    if "feature_maps.safetensors" not in files:
+        raise FileNotFoundError(f"{src} holds no feature_maps.safetensors: not a `lola linearize` folder")
+    return files

@@ -1,0 +1,158 @@
+"""Stage 2 (LoRA fine-tuning against the stock model) on a tiny random Llama: the loss goes down,
+resume equals an uninterrupted run, the folder loads with its adapters merged, and the training
+hybrid is the inference path."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import lola
+from lola.data import ByteTokenizer
+from lola.integrations.transformers import apply_lola, remove_lola
+from lola.linearize import FinetuneConfig, LinearizeConfig, distillation_loss, finetune, linearize, read_feature_maps
+from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE, FINETUNE_REPORT_FILE
+from lola.linearize.training_attention import HYBRID_ATTENTION, register_hybrid_attention
+
+STAGE1 = LinearizeConfig(steps=4, chunk_tokens=96, train_chunks=2, eval_chunks=1, window=8, text=["pydoc"])
+STAGE2 = FinetuneConfig(steps=24, seq_len=96, eval_chunks=1, warmup_steps=0, lr=3e-2, maps_lr=3e-2, checkpoint_every=4, text=["pydoc"])
+
+
+def sharp_model(seed: int = 0) -> LlamaForCausalLM:
+    """A tiny Llama whose next-token distributions are peaked (larger init), so that the hybrid
+    and full attention disagree measurably."""
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, initializer_range=0.25, attn_implementation="sdpa", bos_token_id=None, eos_token_id=0, pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def stage1(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stage1")
+    linearize(sharp_model(), ByteTokenizer(), STAGE1, out, progress=False, log=lambda s: None)
+    return out
+
+
+def copy_folder(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_distillation_loss_is_kl_plus_cross_entropy():
+    torch.manual_seed(0)
+    s, t = torch.randn(2, 5, 7), torch.randn(2, 5, 7)
+    ids = torch.randint(0, 7, (2, 5))
+    # independent: KL and CE term by term with explicit softmax
+    p_t, p_s = torch.softmax(t, -1), torch.softmax(s, -1)
+    kl = sum(float((p_t[b, i] * (p_t[b, i].log() - p_s[b, i].log())).sum()) for b in range(2) for i in range(5)) / 10
+    ce = sum(-math.log(float(p_s[b, i, ids[b, i + 1]])) for b in range(2) for i in range(4)) / 8
+    assert float(distillation_loss(s, t, ids, 1.0, 0.0)) == pytest.approx(kl, rel=1e-5)
+    assert float(distillation_loss(s, t, ids, 0.5, 2.0)) == pytest.approx(0.5 * kl + 2.0 * ce, rel=1e-5)
+    assert float(distillation_loss(t, t, ids, 1.0, 0.0)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_training_hybrid_equals_the_inference_path():
+    model = sharp_model()
+    ids = torch.randint(1, 256, (1, 77))
+    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", feature_map="hedgehog_identity", mixing="lolcats"))
+    with torch.no_grad():
+        for attn in model._lola["modules"].values():  # trained-looking maps and gates, not the identity init
+            attn.feature_map_q.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_q.mlp.layer))
+            attn.window_factors.normal_()
+        inference = model(ids).logits
+        register_hybrid_attention()
+        model.set_attn_implementation(HYBRID_ATTENTION)
+        training = model(ids).logits
+    torch.testing.assert_close(training, inference, rtol=1e-4, atol=1e-4)
+
+
+def test_training_hybrid_refuses_what_it_cannot_compute():
+    model = sharp_model()
+    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=0))
+    register_hybrid_attention()
+    model.set_attn_implementation(HYBRID_ATTENTION)
+    with pytest.raises(ValueError, match="sparse_size=0"):
+        model(torch.randint(1, 256, (1, 20)))
+
+
+def test_stage2_lowers_the_kl_and_writes_a_loadable_folder(stage1, tmp_path):
+    out = copy_folder(stage1, tmp_path / "run")
+    report = finetune(sharp_model(), ByteTokenizer(), STAGE2, out, progress=False, log=lambda s: None)
+    assert report["kl_heldout"]["after"] < 0.9 * report["kl_heldout"]["before"], report["kl_heldout"]
+    assert len(report["train_loss"]["every_step"]) == 24
+    assert {p.name for p in out.iterdir()} >= {"lora.safetensors", "feature_maps.safetensors", "lola_config.json", FINETUNE_REPORT_FILE, FINETUNE_CHECKPOINT_FILE}
+    saved = json.loads((out / FINETUNE_REPORT_FILE).read_text())
+    assert saved["kl_heldout"] == report["kl_heldout"]
+
+    maps = read_feature_maps(out)
+    assert maps.lora_spec.rank == 8 and len(maps.lora) == 2 * 4 * 2  # A and B, q k v o, 2 layers
+    # the folder reproduces the trained student through the inference path (LoRA merged into the
+    # projections, maps loaded, LoLA's own memories): the same held-out KL as the training report
+    from lola.data import encode, load_text, split_text
+
+    ids = encode(ByteTokenizer(), split_text(load_text("pydoc"))[1])[None, :96]
+    model = sharp_model()
+    with torch.no_grad():
+        stock = model(ids).logits
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    apply_lola(model, lola.LoLAConfig(sparse_size=0, window=8, sinks=0, schedule="tokenwise"), feature_maps=out)
+    with torch.no_grad():
+        hybrid = model(ids).logits
+    assert float(distillation_loss(hybrid, stock, ids, 1.0, 0.0)) == pytest.approx(report["kl_heldout"]["after"], rel=1e-4)
+    remove_lola(model)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # remove_lola restores the stock weights bit for bit
+
+
+def test_stage2_resume_equals_an_uninterrupted_run(stage1, tmp_path, monkeypatch):
+    import lola.linearize.finetuning as ft
+
+    whole = finetune(sharp_model(), ByteTokenizer(), STAGE2, copy_folder(stage1, tmp_path / "whole"), progress=False, log=lambda s: None)
+    part = copy_folder(stage1, tmp_path / "part")
+    real, calls = ft.distillation_loss, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) > 1 + 8:  # the held-out KL, then 8 training steps
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(ft, "distillation_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(sharp_model(), ByteTokenizer(), STAGE2, part, progress=False, log=lambda s: None)
+    assert torch.load(part / FINETUNE_CHECKPOINT_FILE, weights_only=True)["step"] == 8
+    monkeypatch.setattr(ft, "distillation_loss", real)
+    logs = []
+    resumed = finetune(sharp_model(), ByteTokenizer(), STAGE2, part, progress=False, log=logs.append)
+    assert any("resuming stage 2 from step 8" in line for line in logs)
+    assert resumed["train_loss"]["every_step"] == pytest.approx(whole["train_loss"]["every_step"], rel=1e-4)
+    a, b = read_feature_maps(tmp_path / "whole"), read_feature_maps(part)
+    for k in a.lora:
+        torch.testing.assert_close(b.lora[k], a.lora[k], rtol=1e-4, atol=1e-6)
+    for k in a.tensors:
+        torch.testing.assert_close(b.tensors[k], a.tensors[k], rtol=1e-4, atol=1e-6)
+
+
+def test_stage2_refusals(stage1, tmp_path):
+    with pytest.raises(FileNotFoundError, match="stage-1"):
+        finetune(sharp_model(), ByteTokenizer(), STAGE2, tmp_path / "empty", progress=False, log=lambda s: None)
+    out = copy_folder(stage1, tmp_path / "run")
+    finetune(sharp_model(), ByteTokenizer(), STAGE2.model_copy(update={"steps": 2, "checkpoint_every": 1}), out, progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="other options"):
+        finetune(sharp_model(), ByteTokenizer(), STAGE2.model_copy(update={"steps": 2, "lr": 1e-4}), out, progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="beyond --stage2-steps 1"):
+        finetune(sharp_model(), ByteTokenizer(), STAGE2.model_copy(update={"steps": 1, "checkpoint_every": 1}), out, progress=False, log=lambda s: None)
+    data = (out / FINETUNE_CHECKPOINT_FILE).read_bytes()
+    (out / FINETUNE_CHECKPOINT_FILE).write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match="checkpoint-stage2.pt is not a readable checkpoint"):
+        finetune(sharp_model(), ByteTokenizer(), STAGE2.model_copy(update={"steps": 2, "checkpoint_every": 1}), out, progress=False, log=lambda s: None)
+    (out / FINETUNE_CHECKPOINT_FILE).unlink()
+    with pytest.raises(ValueError, match="already holds stage-2 LoRA"):
+        finetune(sharp_model(), ByteTokenizer(), STAGE2, out, progress=False, log=lambda s: None)

@@ -1,0 +1,95 @@
+"""Shipped feature maps: a registered name resolves to a sha256-checked folder, everywhere a
+feature-map folder is accepted; a damaged file is refused."""
+
+import hashlib
+import shutil
+
+import pytest
+import torch
+
+import lola
+import lola.linearize.shipped as shipped
+from lola.integrations.transformers import apply_lola, remove_lola
+from lola.linearize import LinearizeConfig, linearize, read_feature_maps
+from lola.models import tiny_random
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("maps")
+    model, tok = tiny_random()
+    linearize(model, tok, LinearizeConfig(steps=2, chunk_tokens=64, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"]), out, progress=False, log=lambda s: None)
+    return out
+
+
+@pytest.fixture
+def registered(folder, tmp_path, monkeypatch):
+    root = tmp_path / "shipped"
+    files = shipped.pack(folder, root / "tiny-maps")
+    assert set(files) == {"feature_maps.safetensors", "lola_config.json", "report.json"}  # no checkpoints
+    assert files == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (root / "tiny-maps").iterdir()}
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", root)
+    monkeypatch.setitem(shipped.SHIPPED, "tiny-maps", shipped.ShippedMaps(model="tiny-random-llama", files=files, summary="test"))
+    return root / "tiny-maps"
+
+
+def test_a_shipped_name_loads_like_its_folder(registered, folder):
+    by_name, by_path = read_feature_maps("tiny-maps"), read_feature_maps(folder)
+    assert by_name.path == str(registered)
+    for k, t in by_path.tensors.items():  # shipped in bfloat16
+        assert by_name.tensors[k].dtype == torch.bfloat16
+        torch.testing.assert_close(by_name.tensors[k].float(), t, rtol=1e-2, atol=1e-2)
+    model, _ = tiny_random()
+    apply_lola(model, lola.LoLAConfig(sparse_size=0), feature_maps="tiny-maps")
+    assert model._lola["feature_maps"] == str(registered)
+    remove_lola(model)
+
+
+def test_models_load_linearized(registered):
+    model, tok = lola.models.load("tiny-random-llama", linearized=True)
+    assert model._lola["feature_maps"] == str(registered) and model._lola["config"].mixing == "lolcats"
+    with pytest.raises(ValueError, match="no linearized feature maps ship"):
+        lola.models.load("tiny-random-llama-2", linearized=True)
+    with pytest.raises(ValueError, match="only used with linearized=True"):
+        lola.models.load("tiny-random-llama", lola_config=lola.LoLAConfig())
+
+
+def test_a_damaged_or_missing_file_is_refused(registered):
+    (registered / "feature_maps.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(RuntimeError, match="sha256"):
+        read_feature_maps("tiny-maps")
+    (registered / "feature_maps.safetensors").unlink()
+    with pytest.raises(RuntimeError, match="lack"):
+        read_feature_maps("tiny-maps")
+    with pytest.raises(KeyError, match="no shipped feature maps"):
+        shipped.shipped_folder("nope")
+
+
+def test_truncated_safetensors_names_the_file(folder, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    data = (bad / "feature_maps.safetensors").read_bytes()
+    (bad / "feature_maps.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="feature_maps.safetensors is not a readable safetensors file"):
+        read_feature_maps(bad)
+
+
+def test_shipped_maps_refuse_a_model_of_another_shape(registered):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="trained for another model.*num_layers: maps 2 vs model 3"):
+        apply_lola(other, lola.LoLAConfig(), feature_maps="tiny-maps")
+    assert getattr(other, "_lola", None) is None
+
+
+def test_commands_accept_a_shipped_name(registered, capsys):
+    from lola.cli import main
+    from lola.eval.runner import NiahRun
+
+    assert NiahRun(feature_maps="tiny-maps").feature_maps == "tiny-maps"
+    with pytest.raises(ValueError, match="not a feature-map folder"):
+        NiahRun(feature_maps="not-shipped")
+    args = ["perplexity", "--model", "tiny-random-llama", "--feature-maps", "tiny-maps", "--length", "64", "--windows", "1", "--text", "pydoc", "--generate", "0"]
+    assert main(args) == 0
+    assert "feature maps tiny-maps" in capsys.readouterr().out

@@ -49,3 +49,13 @@ def test_split_and_chunks():
     with pytest.raises(ValueError, match="fewer than one chunk"):
         token_chunks(ids, 11)
     assert encode(ByteTokenizer(), "hi").dtype == torch.long
+
+
+def test_configs_take_one_text_source_as_a_string():
+    from lola.eval.perplexity import PerplexityRun
+    from lola.linearize import FinetuneConfig, LinearizeConfig
+
+    for cls in (LinearizeConfig, FinetuneConfig, PerplexityRun):
+        assert cls(text="book.txt").text == ["book.txt"]
+        assert cls(text=["a.txt", "pydoc"]).text == ["a.txt", "pydoc"]
+        assert cls().text is None

@@ -16,7 +16,7 @@ import math
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lola.config import LoLAConfig
 
@@ -43,6 +43,11 @@ class PerplexityRun(BaseModel):
     generate: int = Field(64, ge=0, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)")
     generate_windows: int = Field(2, ge=1)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_source(cls, value):
+        return [value] if isinstance(value, str) else value  # text="book.txt" means one source
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
 
 

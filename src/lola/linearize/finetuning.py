@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lola.data import describe, encode, load_split, token_chunks
 from lola.linearize.checkpoint import read_checkpoint, write_checkpoint
@@ -57,6 +57,11 @@ class FinetuneConfig(BaseModel):
     eval_chunks: int = Field(2, ge=0, description="held-out sequences for the before/after KL")
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_source(cls, value):
+        return [value] if isinstance(value, str) else value  # text="book.txt" means one source
     checkpoint_every: int = Field(10, ge=1)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"

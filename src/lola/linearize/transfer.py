@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lola.config import LoLAConfig
 from lola.data import describe, encode, load_split, token_chunks
@@ -54,6 +54,11 @@ class LinearizeConfig(BaseModel):
     eval_chunks: int = Field(2, ge=1, description="held-out chunks for the before/after MSE")
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
+
+    @field_validator("text", mode="before")
+    @classmethod
+    def _one_source(cls, value):
+        return [value] if isinstance(value, str) else value  # text="book.txt" means one source
     checkpoint_every: int = Field(25, ge=1)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -49,7 +49,7 @@ class LinearizeConfig(BaseModel):
     batch: int = Field(1, ge=1, description="text chunks per step (the global batch under torchrun)")
     lr: float = Field(1e-2, gt=0)
     chunk_tokens: int = Field(2048, ge=8, description="tokens per chunk: train at the evaluation length")
-    train_chunks: int = Field(24, ge=1, description="distinct training chunks")
+    train_chunks: int = Field(24, ge=1, description="distinct training chunks, drawn from the whole training split")
     cache_activations: bool = Field(True, description="keep each chunk's teacher activations (fast; memory grows with train_chunks) or recompute them every step")
     eval_chunks: int = Field(2, ge=1, description="held-out chunks for the before/after MSE")
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
@@ -167,7 +167,11 @@ def linearize(
     geometry = model_geometry(model)
 
     train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
-    train = token_chunks(encode(tokenizer, train_text), cfg.chunk_tokens, cfg.train_chunks)
+    every = token_chunks(encode(tokenizer, train_text), cfg.chunk_tokens)
+    # chunks drawn from the whole split (seeded), not its first ones: the default corpus opens
+    # with Python's documentation, and the first chunks alone would all be that
+    pick = torch.randperm(every.shape[0], generator=torch.Generator().manual_seed(cfg.seed))[: cfg.train_chunks]
+    train = every[pick.sort().values]
     heldout = token_chunks(encode(tokenizer, heldout_text), cfg.chunk_tokens, cfg.eval_chunks)
     if world.main:
         log(f"text: {describe(cfg.text)}, {len(train_text) + len(heldout_text):,} characters; "

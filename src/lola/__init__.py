@@ -7,6 +7,11 @@ Quick use::
     attn = lola.compose(cfg, num_heads=8, head_dim=64)
     o, state = attn(q, k, v)            # q: [B, T, H, D]; k, v: [B, T, H_kv, D]
     o2, state = attn(q2, k2, v2, state=state)
+
+On a transformers model::
+
+    with lola.patch(model, cfg):        # apply_lola on entry, remove_lola on exit
+        out = model.generate(ids)       # a LoLACache is built automatically
 """
 
 from lola import budgets, memory, models, policies, schedules
@@ -32,4 +37,20 @@ __all__ = [
     "models",
     "policies",
     "schedules",
+    "apply_lola",
+    "remove_lola",
+    "patch",
+    "LoLACache",
+    "from_pretrained",
 ]
+
+_TRANSFORMERS_API = ("apply_lola", "remove_lola", "patch", "LoLACache", "from_pretrained")
+
+
+def __getattr__(name: str):
+    # The transformers integration is imported on first use, so that `import lola` stays light.
+    if name in _TRANSFORMERS_API:
+        from lola.integrations import transformers as integration
+
+        return getattr(integration, name)
+    raise AttributeError(f"module 'lola' has no attribute {name!r}")

@@ -63,7 +63,7 @@ def test_training_hybrid_equals_the_inference_path():
     ids = torch.randint(1, 256, (1, 77))
     apply_lola(model, lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", feature_map="hedgehog_identity", mixing="lolcats"))
     with torch.no_grad():
-        for attn in model._lola["modules"].values():  # trained-looking maps and gates, not the identity init
+        for attn in model._lola.modules.values():  # trained-looking maps and gates, not the identity init
             attn.feature_map_q.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_q.mlp.layer))
             attn.window_factors.normal_()
         inference = model(ids).logits

@@ -41,13 +41,13 @@ def test_a_shipped_name_loads_like_its_folder(registered, folder):
         torch.testing.assert_close(by_name.tensors[k].float(), t, rtol=1e-2, atol=1e-2)
     model, _ = tiny_random()
     apply_lola(model, lola.LoLAConfig(sparse_size=0), feature_maps="tiny-maps")
-    assert model._lola["feature_maps"] == str(registered)
+    assert model._lola.feature_maps == str(registered)
     remove_lola(model)
 
 
 def test_models_load_linearized(registered):
     model, tok = lola.models.load("tiny-random-llama", linearized=True)
-    assert model._lola["feature_maps"] == str(registered) and model._lola["config"].mixing == "lolcats"
+    assert model._lola.feature_maps == str(registered) and model._lola.config.mixing == "lolcats"
     with pytest.raises(ValueError, match="no linearized feature maps ship"):
         lola.models.load("tiny-random-llama-2", linearized=True)
     with pytest.raises(ValueError, match="only used with linearized=True"):

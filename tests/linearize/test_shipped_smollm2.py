@@ -18,7 +18,7 @@ def test_the_shipped_hybrid_is_close_to_the_model():
     stock_nll, n = window_nll(model, ids)
     apply_lola(model, lola.LoLAConfig(window=64, sparse_size=0, sinks=0), feature_maps="smollm2-135m-instruct")  # as `lola perplexity` runs it
     try:
-        assert model._lola["merged_weights"]  # the LoRA adapters are in the projections
+        assert model._lola.merged_weights  # the LoRA adapters are in the projections
         hybrid_nll, _ = window_nll(model, ids, LoLACache(model))
     finally:
         remove_lola(model)

@@ -75,10 +75,10 @@ def test_apply_lola_loads_the_trained_maps(trained):
     model, tok = tiny_random()
     apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=1), feature_maps=out)
     maps = read_feature_maps(out)
-    attn = model._lola["modules"][1]
+    attn = model._lola.modules[1]
     torch.testing.assert_close(attn.feature_map_q.mlp.layer.detach(), maps.tensors["model.layers.1.self_attn.feature_map_q.mlp.layer"])
     torch.testing.assert_close(attn.window_factors.detach().flatten(), maps.tensors["model.layers.1.self_attn.window_factors"].flatten())
-    assert model._lola["config"].mixing == maps.config.mixing  # filled in from the folder
+    assert model._lola.config.mixing == maps.config.mixing  # filled in from the folder
     ids = tok("The quick brown fox jumps over the lazy dog. " * 4, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.isfinite(model(ids, cache=LoLACache(model)).logits).all()
@@ -148,11 +148,11 @@ def test_niah_methods_take_the_trained_mixing_unless_told_otherwise(trained):
     assert cfgs["window"].mixing == "softmax_only"
     model, _ = tiny_random()
     apply_lola(model, cfgs["lolcats"], feature_maps=out)
-    assert model._lola["config"].mixing == "lolcats" == read_feature_maps(out).config.mixing
+    assert model._lola.config.mixing == "lolcats" == read_feature_maps(out).config.mixing
     remove_lola(model)
     told = method_configs(NiahRun(feature_maps=str(out), mixing="softmax_only", **small))
     apply_lola(model, told["lola-sre"], feature_maps=out)
-    assert model._lola["config"].mixing == "softmax_only"
+    assert model._lola.config.mixing == "softmax_only"
     remove_lola(model)
     # without feature maps: softmax_only for lola, lola_authors for the hybrid (as before)
     plain = method_configs(NiahRun(**small))

@@ -159,7 +159,7 @@ def _lora_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _map_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from lola.linearize.transfer import _tensors
 
-    return _tensors(model._lola["modules"])
+    return _tensors(model._lola.modules)
 
 
 def finetune(

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 from lola.config import LoLAConfig
+from lola.integrations.transformers.applied import AppliedLoLA
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
+from lola.integrations.transformers.generation import install_generation_hook, remove_generation_hook
+from lola.integrations.transformers.pretrained import CONFIG_KEY, config_entry
 from lola.layer import LoLAAttention, compose
 
 if TYPE_CHECKING:  # pragma: no cover
     from lola.linearize.folder import FeatureMaps
 
-__all__ = ["apply_lola", "attention_modules", "remove_lola"]
+__all__ = ["apply_lola", "attention_modules", "patch", "remove_lola"]
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -98,14 +102,16 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
         by_layer[i] = lola_attn
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION_NAME)
-    model._lola = {
-        "config": config,
-        "previous_attn_implementation": previous,
-        "num_layers": num_layers,
-        "full_attention_layers": list(config.full_attention_layers),
-        "modules": by_layer,
-        "fingerprint": _fingerprint(model, config, num_layers),
-    }
+    model._lola = AppliedLoLA(
+        config=config,
+        previous_attn_implementation=previous,
+        num_layers=num_layers,
+        full_attention_layers=list(config.full_attention_layers),
+        modules=by_layer,
+        fingerprint=_fingerprint(model, config, num_layers),
+    )
+    install_generation_hook(model)
+    model.config.lola = config_entry(config, lora_merged=False)  # save_pretrained writes it to config.json
     if maps is not None:
         from lola.integrations.transformers.lolcats import load_lolcats_checkpoint
 
@@ -118,11 +124,12 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
             if maps.lora is not None:
                 from lola.linearize.lora import merge_lora
 
-                model._lola["merged_weights"] = merge_lora(model, maps.lora, maps.lora_spec)
+                model._lola.merged_weights = merge_lora(model, maps.lora, maps.lora_spec)
         except Exception:
             remove_lola(model)  # leave the model as it came
             raise
-        model._lola["feature_maps"] = maps.path
+        model._lola.feature_maps = maps.path
+        model.config.lola = config_entry(config, lora_merged=bool(model._lola.merged_weights))
     return model
 
 
@@ -134,13 +141,29 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
     for module in attention_modules(model):
         if hasattr(module, "lola"):
             del module.lola
-    model.set_attn_implementation(info["previous_attn_implementation"])
-    if info.get("merged_weights"):
+    model.set_attn_implementation(info.previous_attn_implementation)
+    if info.merged_weights:
         from lola.linearize.lora import restore_weights
 
-        restore_weights(model, info["merged_weights"])  # the stock projections, bit for bit
+        restore_weights(model, info.merged_weights)  # the stock projections, bit for bit
+    remove_generation_hook(model)
+    if hasattr(model.config, CONFIG_KEY):
+        delattr(model.config, CONFIG_KEY)
     del model._lola
     return model
+
+
+@contextmanager
+def patch(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None) -> Iterator[torch.nn.Module]:
+    """``with lola.patch(model, cfg):`` — :func:`apply_lola` on entry, :func:`remove_lola` on exit.
+
+    The model is restored even if the body raises. Yields ``model``.
+    """
+    apply_lola(model, config, feature_maps=feature_maps)
+    try:
+        yield model
+    finally:
+        remove_lola(model)
 
 
 def _fingerprint(model: torch.nn.Module, config: LoLAConfig, num_layers: int) -> dict:

@@ -74,6 +74,12 @@ def lola_attention_forward(
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if dropout:
         raise ValueError("LoLA attention does not implement attention dropout; call model.eval() or set attention_dropout=0")
+    if key.shape[2] != query.shape[2]:
+        raise ValueError(
+            f"LoLA layer {getattr(module, 'layer_idx', '?')} got keys for {key.shape[2]} tokens with {query.shape[2]} queries: "
+            "the model was called with a cache that keeps past keys (e.g. a DynamicCache); a LoLA model needs "
+            "cache=LoLACache(model) (generate() builds one when given no cache)"
+        )
     layer = _ANNOUNCED.get()
     if layer is not None and layer.pending_key is not key:
         layer = None  # announced for another call: this forward runs without a cache

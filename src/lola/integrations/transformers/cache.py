@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import weakref
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from lola.composer import LoLAMemory
+from lola.integrations.transformers.applied import applied, weights_digest
 from lola.integrations.transformers.attention import announce
 
 __all__ = ["LoLACache", "LoLACacheLayer"]
@@ -110,14 +113,34 @@ class LoLACache(Cache):
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        info = getattr(model, "_lola", None)
-        if info is None:
-            raise ValueError("LoLACache needs a model prepared with lola.integrations.transformers.apply_lola(model, config)")
-        self.fingerprint = dict(info["fingerprint"])
-        full = set(info["full_attention_layers"])
-        layers = [DynamicLayer() if i in full else LoLACacheLayer() for i in range(info["num_layers"])]
+        info = applied(model, needed_by="LoLACache")
+        self.fingerprint = dict(info.fingerprint)
+        full = set(info.full_attention_layers)
+        layers = [DynamicLayer() if i in full else LoLACacheLayer() for i in range(info.num_layers)]
         super().__init__(layers=layers)
-        self._lola_modules = info["modules"]
+        self._lola_modules = info.modules
+        self._applied = info
+        self._model = weakref.ref(model)
+
+    def check_model(self, model: torch.nn.Module | None = None) -> None:
+        """Refuse use with a model that is not the one this cache was built for, patched as it was then.
+
+        A cache outlives :func:`remove_lola` (or a new :func:`apply_lola`) only as a stale object:
+        its states belong to layers that no longer run, so using it would silently change tokens.
+        """
+        own = self._model()
+        if model is not None and own is not model:
+            raise ValueError("this LoLACache was built for another model: build one with LoLACache(model)")
+        if own is None or getattr(own, "_lola", None) is not self._applied:
+            raise ValueError(
+                "this LoLACache is stale: LoLA was removed from (or re-applied to) its model since it was built; "
+                "build a new LoLACache(model)"
+            )
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx == 0:  # once per forward: the model must still be patched as it was
+            self.check_model()
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def nbytes(self) -> int:
         """Bytes held: LoLA states plus the K/V of any full-attention layers."""
@@ -133,10 +156,13 @@ class LoLACache(Cache):
     def save(self, directory: str | os.PathLike) -> None:
         """Write the cache to ``directory`` (``cache.safetensors`` + ``cache.json``).
 
+        ``cache.json`` records the model's fingerprint (shape, LoLA config, a digest of its
+        weights and feature maps), the lengths seen and the sha256 of ``cache.safetensors``.
         Only LoLA layers can be saved; a cache with full-attention layers raises.
         """
         from safetensors.torch import save_file
 
+        self.check_model()
         tensors: dict[str, torch.Tensor] = {}
         lengths = []
         for i, layer in enumerate(self.layers):
@@ -146,33 +172,78 @@ class LoLACache(Cache):
             if layer.state is not None:
                 tensors.update({f"layers.{i}.{k}": t.detach().contiguous().cpu() for k, t in layer.state.state_dict().items()})
         os.makedirs(directory, exist_ok=True)
-        save_file(tensors, os.path.join(directory, "cache.safetensors"))
-        meta = {"format": _FORMAT, "fingerprint": self.fingerprint, "cumulative_lengths": lengths}
+        weights = os.path.join(directory, "cache.safetensors")
+        save_file(tensors, weights)
+        meta = {
+            "format": _FORMAT,
+            "fingerprint": {**self.fingerprint, "weights": weights_digest(self._model())},
+            "cumulative_lengths": lengths,
+            "sha256": _sha256(weights),
+        }
         with open(os.path.join(directory, "cache.json"), "w") as f:
             json.dump(meta, f, indent=2)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, model: torch.nn.Module) -> "LoLACache":
-        """Read a cache written by :meth:`save` for ``model`` (same model and LoLA config, or ``ValueError``)."""
+        """Read a cache written by :meth:`save` for ``model``.
+
+        Raises ``ValueError`` (naming the file) if the folder does not hold a lola cache, a file
+        is damaged or edited, or the cache was saved for another model, other weights or
+        feature maps, or another LoLA config.
+        """
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        with open(os.path.join(directory, "cache.json")) as f:
-            meta = json.load(f)
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{directory} does not hold a lola cache (format {meta.get('format')!r}, expected {_FORMAT!r})")
         cache = cls(model)
-        if meta["fingerprint"] != cache.fingerprint:
-            diff = {k: (meta["fingerprint"].get(k), v) for k, v in cache.fingerprint.items() if meta["fingerprint"].get(k) != v}
-            raise ValueError(f"the cache in {directory} was saved for another model or LoLA config: (saved, this model) differ in {diff}")
-        tensors = load_file(os.path.join(directory, "cache.safetensors"))
+        meta_path, weights = os.path.join(directory, "cache.json"), os.path.join(directory, "cache.safetensors")
+        for path in (meta_path, weights):
+            if not os.path.isfile(path):
+                raise ValueError(f"{directory} does not hold a lola cache: {path} is missing")
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{meta_path} is not valid JSON ({e}); was it written by LoLACache.save?") from None
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise ValueError(f"{directory} does not hold a lola cache (format {found!r}, expected {_FORMAT!r})")
+        if meta.get("sha256") != _sha256(weights):
+            raise ValueError(f"{weights} does not match the checksum in {meta_path}: the file is damaged or was changed")
+        saved = meta.get("fingerprint")
+        expected = {**cache.fingerprint, "weights": weights_digest(model)}
+        if saved != expected:
+            saved = saved if isinstance(saved, dict) else {}
+            diff = sorted(k for k in set(expected) | set(saved) if saved.get(k) != expected.get(k))
+            raise ValueError(f"the cache in {directory} was saved for another model, other weights or feature maps, or another LoLA config (they differ in {diff})")
+        lengths = meta.get("cumulative_lengths")
+        if not (isinstance(lengths, list) and len(lengths) == len(cache.layers) and all(type(n) is int and n >= 0 for n in lengths)):
+            raise ValueError(f"{meta_path}: cumulative_lengths must be {len(cache.layers)} non-negative integers, got {lengths!r}")
+        try:
+            tensors = load_file(weights)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{weights} cannot be read as safetensors ({e})") from None
         for i, layer in enumerate(cache.layers):
-            layer.cumulative_length = int(meta["cumulative_lengths"][i])
             part = {k[len(f"layers.{i}.") :]: t for k, t in tensors.items() if k.startswith(f"layers.{i}.")}
+            layer.cumulative_length = lengths[i]
             if part:
                 module = cache._lola_modules[i]
                 device = next(module.parameters()).device
                 state = module.new_state()
-                state.load_state_dict({k: t.to(device) for k, t in part.items()})
+                try:
+                    state.load_state_dict({k: t.to(device) for k, t in part.items()})
+                except (ValueError, RuntimeError, KeyError) as e:
+                    raise ValueError(f"{weights}: layer {i}'s state does not fit this model's LoLA layer ({e})") from None
+                seen = int(state.seen.max()) if state.seen.numel() else 0
+                if seen > lengths[i]:
+                    raise ValueError(f"{meta_path}: cumulative_lengths[{i}] = {lengths[i]} is less than the {seen} tokens layer {i}'s state has seen")
                 layer.state = state
                 layer.is_initialized = True
         return cache
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lola.feature_maps import HedgehogFeatureMap
+from lola.integrations.transformers.applied import applied
 
 __all__ = ["load_lolcats_checkpoint"]
 
@@ -54,9 +55,7 @@ def load_lolcats_checkpoint(model: nn.Module, source: str | os.PathLike | dict[s
         ValueError: no LoLCATs keys, a layer that is not a LoLA layer, a wrong shape, or a layer
             whose checkpoint lacks one of the three tensors.
     """
-    info = getattr(model, "_lola", None)
-    if info is None:
-        raise ValueError("load_lolcats_checkpoint needs a model prepared with apply_lola(model, config)")
+    info = applied(model, needed_by="load_lolcats_checkpoint")
     found: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
     for key, tensor in _read(source).items():
         m = _KEY.search(key)
@@ -64,7 +63,7 @@ def load_lolcats_checkpoint(model: nn.Module, source: str | os.PathLike | dict[s
             found[int(m.group(1))][m.group(2)] = tensor
     if not found:
         raise ValueError("no LoLCATs keys (layers.{i}.self_attn.feature_map_q.mlp.layer, …, window_factors) in the checkpoint")
-    modules = info["modules"]
+    modules = info.modules
     for layer, tensors in sorted(found.items()):
         if layer not in modules:
             raise ValueError(f"the checkpoint has layer {layer}, which is not a LoLA layer of this model (LoLA layers: {sorted(modules)})")

@@ -1,0 +1,66 @@
+"""What :func:`~lola.integrations.transformers.apply_lola` records on a model (``model._lola``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lola.config import LoLAConfig
+from lola.layer import LoLAAttention
+
+__all__ = ["AppliedLoLA", "applied", "weights_digest"]
+
+
+@dataclass
+class AppliedLoLA:
+    """The record of one :func:`apply_lola` call, kept as ``model._lola`` until :func:`remove_lola`.
+
+    Attributes:
+        config: the LoLA configuration in effect (after a feature-map folder filled in its fields).
+        previous_attn_implementation: the attention implementation restored by ``remove_lola``.
+        num_layers: decoder layers of the model.
+        full_attention_layers: layers left as stock attention.
+        modules: ``{layer index: LoLAAttention}`` of the LoLA layers.
+        fingerprint: what a saved cache must match (model shape, config, weight digest).
+        merged_weights: stock projection weights replaced by merged LoRA ones (restored on removal).
+        feature_maps: the folder the trained maps came from, or ``None``.
+    """
+
+    config: LoLAConfig
+    previous_attn_implementation: str | None
+    num_layers: int
+    full_attention_layers: list[int]
+    modules: dict[int, LoLAAttention]
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    merged_weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    feature_maps: str | None = None
+
+
+def applied(model: torch.nn.Module, needed_by: str | None = None) -> AppliedLoLA | None:
+    """``model``'s :class:`AppliedLoLA`, or ``None`` if LoLA is not applied.
+
+    With ``needed_by`` (a function name for the message), a model without LoLA raises ``ValueError``.
+    """
+    info = getattr(model, "_lola", None)
+    if info is None and needed_by is not None:
+        raise ValueError(f"{needed_by} needs a model prepared with lola.apply_lola(model, config)")
+    return info
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A blake2b digest of every parameter of ``model`` (names, dtypes, shapes and bytes).
+
+    The LoLA layers are submodules, so trained feature maps and window factors are included:
+    a saved state is refused by a model whose weights or maps differ.
+    """
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    for name, p in sorted(model.named_parameters(), key=lambda item: item[0]):
+        t = p.detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        if t.numel():
+            digest.update(t.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()

@@ -1,0 +1,58 @@
+"""``model.generate(ids)`` on a LoLA model gets a :class:`LoLACache` without being asked.
+
+transformers' ``generate`` builds its default cache in ``_prepare_cache_for_generation``
+(a ``DynamicCache``, which would hand LoLA layers every past key). :func:`apply_lola` shadows
+that method on the model *instance* (the class and other models are untouched) so that any
+caller that passes no cache — pipelines, lm-eval, TRL — gets a fresh ``LoLACache``; a cache
+LoLA cannot use is refused before any compute. :func:`remove_lola` takes the shadow away.
+"""
+
+from __future__ import annotations
+
+from types import MethodType
+from typing import Any
+
+import torch
+
+__all__ = ["check_cache", "install_generation_hook", "remove_generation_hook"]
+
+_HOOK = "_prepare_cache_for_generation"
+_CACHE_KWARGS = ("cache", "past_key_values")  # the name generate uses (transformers >= 5.24), and the old one
+
+
+def check_cache(model: torch.nn.Module, cache: Any) -> None:
+    """Refuse ``cache`` unless it is a :class:`LoLACache` built for ``model`` as it is patched now."""
+    from lola.integrations.transformers.cache import LoLACache
+
+    if not isinstance(cache, LoLACache):
+        raise ValueError(
+            f"a LoLA model needs a lola LoLACache, got a {type(cache).__name__}: pass no cache (generate builds one) "
+            "or cache=LoLACache(model)"
+        )
+    cache.check_model(model)
+
+
+def _prepare_cache_for_generation(self: torch.nn.Module, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any) -> Any:
+    from lola.integrations.transformers.cache import LoLACache
+
+    given = [model_kwargs[k] for k in _CACHE_KWARGS if model_kwargs.get(k) is not None]
+    if given:
+        check_cache(self, given[0])
+    elif generation_config.use_cache is not False:
+        impl = generation_config.cache_implementation
+        if impl not in (None, "dynamic"):
+            raise ValueError(f"cache_implementation={impl!r} does not apply to a LoLA model (its cache is a LoLACache); leave it unset")
+        model_kwargs["cache"] = LoLACache(self)
+        return None
+    return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
+
+
+def install_generation_hook(model: torch.nn.Module) -> None:
+    """Shadow ``model._prepare_cache_for_generation`` (this instance only)."""
+    if hasattr(type(model), _HOOK):
+        setattr(model, _HOOK, MethodType(_prepare_cache_for_generation, model))
+
+
+def remove_generation_hook(model: torch.nn.Module) -> None:
+    """Undo :func:`install_generation_hook`."""
+    model.__dict__.pop(_HOOK, None)

@@ -1,0 +1,97 @@
+"""generate() without a cache argument, stale and foreign caches, and lola.patch."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import lola
+from lola.integrations.transformers import LoLACache, apply_lola, patch, remove_lola
+from tests.integrations.transformers.conftest import left_padded, tiny
+
+SMALL = lola.LoLAConfig(window=6, sparse_size=5, sinks=2, chunk=4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(do_sample=False), dict(do_sample=True, top_k=20), dict(num_beams=3, do_sample=False)],
+    ids=["greedy", "sampled", "beam"],
+)
+def test_plain_generate_equals_an_explicit_lola_cache(options):
+    model = apply_lola(tiny("llama"), SMALL)
+    ids, mask = left_padded(length=25)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        explicit = model.generate(ids, attention_mask=mask, max_new_tokens=10, cache=LoLACache(model), **options)
+        torch.manual_seed(0)
+        plain = model.generate(ids, attention_mask=mask, max_new_tokens=10, **options)
+    assert torch.equal(plain, explicit)
+    # and a stateless run of the same sequences: the cache LoLA built was a LoLA cache
+    if not options.get("do_sample") and "num_beams" not in options:
+        for row in range(ids.shape[0]):
+            seq = plain[row, torch.cat([mask[row].bool(), torch.ones(10, dtype=torch.bool)])]
+            assert torch.equal(model(seq[None, :-1], use_cache=False).logits[0, -10:].argmax(-1), seq[-10:])
+
+
+def test_generate_returns_the_lola_cache_it_built():
+    model = apply_lola(tiny("llama"), SMALL)
+    with torch.no_grad():
+        out = model.generate(torch.randint(0, 101, (1, 30)), max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    assert isinstance(out.past_key_values, LoLACache)
+
+
+def test_a_cache_lola_cannot_use_is_refused_before_any_compute():
+    model = apply_lola(tiny("llama"), SMALL)
+    ids = torch.randint(0, 101, (1, 12))
+    with pytest.raises(ValueError, match="needs a lola LoLACache, got a DynamicCache"):
+        model.generate(ids, max_new_tokens=3, cache=DynamicCache(config=model.config))
+    with pytest.raises(ValueError, match="does not apply to a LoLA model"):
+        model.generate(ids, max_new_tokens=3, cache_implementation="static")
+
+
+def test_forward_calls_with_a_dynamic_cache_get_a_clear_error():
+    model = apply_lola(tiny("llama"), SMALL)
+    ids = torch.randint(0, 101, (1, 12))
+    with torch.no_grad():
+        out = model(ids, use_cache=True)  # transformers builds a DynamicCache: fine for one call
+        assert not isinstance(out.past_key_values, LoLACache)
+        with pytest.raises(ValueError, match=r"keeps past keys.*cache=LoLACache\(model\)"):
+            model(ids[:, -1:], cache=out.past_key_values)
+
+
+def test_stale_and_foreign_caches_are_refused():
+    model = apply_lola(tiny("llama"), SMALL)
+    ids = torch.randint(0, 101, (1, 12))
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(ids, cache=cache)
+        remove_lola(model)
+        with pytest.raises(ValueError, match="stale"):
+            model(ids[:, -1:], cache=cache)
+        apply_lola(model, SMALL)  # re-applied: the old states belong to layers that are gone
+        with pytest.raises(ValueError, match="stale"):
+            model(ids[:, -1:], cache=cache)
+        other = apply_lola(tiny("llama"), SMALL)
+        with pytest.raises(ValueError, match="built for another model"):
+            other.generate(ids, max_new_tokens=2, cache=LoLACache(model))
+
+
+def test_generate_after_remove_lola_is_stock_again():
+    stock = tiny("llama")
+    ids = torch.randint(0, 101, (2, 16))
+    with torch.no_grad():
+        expected = stock.generate(ids, max_new_tokens=6, do_sample=False)
+        remove_lola(apply_lola(stock, SMALL))
+        assert "_prepare_cache_for_generation" not in vars(stock)
+        assert torch.equal(stock.generate(ids, max_new_tokens=6, do_sample=False), expected)
+
+
+def test_patch_applies_and_always_removes():
+    model = tiny("llama")
+    with lola.patch(model, SMALL) as patched:
+        assert patched is model and model._lola.config == SMALL
+    assert getattr(model, "_lola", None) is None and not hasattr(model.config, "lola")
+    with pytest.raises(RuntimeError, match="boom"):
+        with patch(model, SMALL):
+            raise RuntimeError("boom")
+    assert getattr(model, "_lola", None) is None
+    assert model.config._attn_implementation == "sdpa"

@@ -50,7 +50,9 @@ _TRANSFORMERS_API = ("apply_lola", "remove_lola", "patch", "LoLACache", "from_pr
 def __getattr__(name: str):
     # The transformers integration is imported on first use, so that `import lola` stays light.
     if name in _TRANSFORMERS_API:
-        from lola.integrations import transformers as integration
-
+        try:
+            from lola.integrations import transformers as integration
+        except ImportError as e:
+            raise ImportError(f"lola.{name} needs transformers (pip install 'transformers>=5.24'): {e}") from e
         return getattr(integration, name)
     raise AttributeError(f"module 'lola' has no attribute {name!r}")

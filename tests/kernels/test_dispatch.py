@@ -130,3 +130,40 @@ def test_import_without_triton_works():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert "ok" in out.stdout
+
+
+def test_inputs_that_need_gradients_get_the_reference(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LOLA_KERNELS", "triton")
+    x = torch.zeros(2, requires_grad=True)
+    assert K.backend(x) == "reference"  # the Triton ops have no backward
+    with torch.no_grad():
+        assert K.backend(x) == "triton"
+    assert K.backend(x.detach()) == "triton"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter case")
+def test_a_training_step_under_forced_triton_has_the_reference_gradients():
+    """One LoLA layer, forward + backward: forcing Triton must not change any gradient."""
+    pytest.importorskip("triton")
+    import lola
+
+    cfg = lola.LoLAConfig(window=6, sparse_size=5, sinks=2, chunk=4, mixing="lola_authors", feature_map="hedgehog", feature_dim=8)
+    torch.manual_seed(0)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    g = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(1, 23, h, 8, generator=g) for h in (4, 2, 2)]
+
+    def grads(name):
+        attn.zero_grad()
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        with K.use_backend(name):
+            o, _ = attn(*leaves)
+        o.square().sum().backward()
+        return [t.grad for t in leaves] + [p.grad.clone() for p in attn.parameters() if p.grad is not None]
+
+    ref, forced = grads("reference"), grads("triton")
+    assert len(ref) == len(forced) > 3
+    for a, b in zip(ref, forced):
+        torch.testing.assert_close(a, b)

@@ -9,6 +9,10 @@ The choice is read at *call time*, in this order:
 ``triton``    always Triton. CPU tensors only work under ``TRITON_INTERPRET=1`` (set before
               triton is first imported); a missing triton raises ``RuntimeError``.
 ``reference`` always the pure-PyTorch reference.
+
+Whatever is requested, a call that autograd must differentiate (grad mode on and an input
+that requires grad) runs the reference: the Triton ops are forward-only, and a training step
+through them would silently get wrong gradients.
 """
 
 from __future__ import annotations
@@ -87,16 +91,22 @@ def _devices(tensors) -> list:
     return out
 
 
+def needs_grad(tensors) -> bool:
+    """True when autograd would record an op on these inputs (grad mode on, one requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def backend(*tensors) -> str:
     """The implementation (``"triton"`` or ``"reference"``) an op would use for these inputs.
 
-    Accepts tensors or devices; with none, assumes CUDA if available else CPU.
+    Accepts tensors or devices; with none, assumes CUDA if available else CPU. Inputs that
+    need gradients always get the reference (the Triton ops have no backward).
     Raises like the ops do when ``triton`` is forced but cannot run.
     """
     requested = requested_backend()
     devices = _devices(tensors)
     all_cuda = all(d.type == "cuda" for d in devices)
-    if requested == "reference":
+    if requested == "reference" or needs_grad(tensors):
         return "reference"
     if requested == "auto":
         return "triton" if all_cuda and triton_available() else "reference"

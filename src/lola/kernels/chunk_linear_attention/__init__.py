@@ -55,7 +55,7 @@ def chunk_linear_attention(
         ``(num [B, T, H, D] fp32, den [B, T, H] fp32, final_state or None)``.
     """
     check_inputs(fq, fk, v, initial_state)
-    fn = implementation("chunk_linear_attention", fq, fk, v)
+    fn = implementation("chunk_linear_attention", fq, fk, v, *(initial_state or ()))
     return fn(fq, fk, v, initial_state=initial_state, output_final_state=output_final_state)
 
 

@@ -72,7 +72,7 @@ def decode_step(
         ``o [B, H, D]`` fp32 (the caller casts).
     """
     check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing)
-    fn = implementation("decode_step", q, k, v)
+    fn = implementation("decode_step", q, k, v, fq, H, s, gate)
     return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale)
 
 

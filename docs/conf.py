@@ -59,6 +59,12 @@ autodoc_typehints_description_target = "documented_params"
 autodoc_class_signature = "mixed"
 autodoc_inherit_docstrings = True
 autosummary_generate = False  # the API pages list their names by hand
+# lola.integrations.lm_eval.model subclasses lm-eval's HFLM; lm-eval is in the dev and eval
+# extras, not in docs: without it, autodoc documents the module against a mock.
+try:
+    import lm_eval  # noqa: F401
+except ImportError:
+    autodoc_mock_imports = ["lm_eval"]
 
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False

@@ -153,7 +153,9 @@ class HeadBudgets(BaseModel):
         extra = [i for i in config.layer_overrides if i >= self.num_layers]
         if extra:
             raise ValueError(f"the config overrides layers {extra}, the budgets cover {self.num_layers}")
-        return LoLAConfig(**{**config.model_dump(), "layer_overrides": overrides})
+        # Only the fields the caller set are passed on, so that fields left unset (e.g. the mixing
+        # rule, which trained feature maps fill in) stay unset.
+        return LoLAConfig(**{**config.model_dump(exclude_unset=True), "layer_overrides": overrides})
 
     def summary(self) -> str:
         """Per-layer sparse sizes as a plain-text table, with the totals."""

@@ -1,0 +1,195 @@
+"""Export the prompts of ``lola niah`` as a local lm-evaluation-harness task.
+
+:func:`export_niah` builds exactly the samples that ``lola niah`` (:func:`lola.eval.runner.run_niah`)
+builds for the same options — the same :func:`lola.eval.niah.make_sample` calls, depths and
+seeds — and writes them to a folder that lm-eval reads with ``--include_path``:
+
+- ``<name>.jsonl``: one line per sample (``text``, ``answers``, ``length``, ``depth``, …);
+- ``<name>.yaml``: the task (``dataset_path: json``, ``output_type: generate_until``,
+  ``doc_to_text: text``, greedy decoding for as many tokens as ``lola niah`` generates);
+- ``<name>_utils.py``: RULER's ``string_match_all`` as ``process_results`` (the fraction of the
+  reference strings found, case-insensitive, in the prediction), overall and per length.
+
+The prompts are already wrapped in the model's chat template and end with the answer prefix;
+evaluate them *without* lm-eval's ``--apply_chat_template`` (its default), so that lm-eval
+tokenizes the very text ``lola niah`` does. No lm-eval import is needed to export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["export_niah", "load_tokenizer", "task_name"]
+
+_UTILS = '''"""Scoring of the exported lola niah task (written by lola.integrations.lm_eval.niah)."""
+
+LENGTHS = {lengths!r}
+
+
+def string_match_all(prediction, references):
+    """RULER's score: the fraction of references found (case-insensitive) in the prediction."""
+    pred = prediction.lower()
+    return sum(r.lower() in pred for r in references) / len(references)
+
+
+def process_results(doc, results):
+    score = string_match_all(results[0], doc["answers"])
+    out = {{"string_match_all": score}}
+    for n in LENGTHS:  # -1: not a sample of this length (left out by aggregate)
+        out[f"string_match_all_{{n}}"] = score if doc["length"] == n else -1.0
+    return out
+
+
+def aggregate(values):
+    kept = [v for v in values if v != -1.0]
+    return sum(kept) / len(kept) if kept else -1.0
+'''
+
+
+def task_name(task: str) -> str:
+    """The lm-eval task name of an exported lola niah task (``lola_`` + the niah task name,
+    so that it never shadows lm-eval's own RULER tasks)."""
+    return f"lola_{task}"
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> Any:
+    """The tokenizer ``lola niah --model NAME_OR_PATH`` uses, without loading the model.
+
+    A registered name (``smollm2-135m-instruct``: its GGUF file is fetched once, as by
+    :func:`lola.models.load`; ``tiny-random-llama``: :class:`lola.data.ByteTokenizer`), a
+    ``.gguf`` file, or a Hugging Face folder.
+    """
+    from lola import models
+
+    key = str(name_or_path)
+    if key == models.TINY_RANDOM:
+        from lola.data import ByteTokenizer
+
+        return ByteTokenizer()
+    from transformers import AutoTokenizer
+
+    path = models.fetch(key) if key in models.REGISTRY else Path(name_or_path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"no model at {path}; registered names: {', '.join(sorted([*models.REGISTRY, models.TINY_RANDOM]))}")
+    if path.is_file():
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _yaml(name: str, data_file: Path, new_tokens: int, lengths: list[int], header: str) -> str:
+    metrics = "\n".join(
+        f"  - metric: string_match_all_{n}\n    aggregation: !function {name}_utils.aggregate\n    higher_is_better: true" for n in lengths
+    )
+    return f"""{header}
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {json.dumps(str(data_file))}
+test_split: test
+output_type: generate_until
+# the prompt text as is: chat-wrapped by lola niah already, ending with the answer prefix
+doc_to_text: text
+doc_to_target: "{{{{answers | join(', ')}}}}"
+target_delimiter: ""
+process_results: !function {name}_utils.process_results
+metric_list:
+  - metric: string_match_all
+    aggregation: mean
+    higher_is_better: true
+{metrics}
+generation_kwargs:
+  until: []
+  max_gen_toks: {new_tokens}
+  do_sample: false
+  temperature: 0.0
+repeats: 1
+metadata:
+  version: 1.0
+"""
+
+
+def export_niah(
+    out_dir: str | os.PathLike,
+    tokenizer: Any,
+    task: str = "niah_single_1",
+    lengths: list[int] | tuple[int, ...] = (1024, 2048),
+    samples: int = 5,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    haystack_file: str | os.PathLike | None = None,
+    needle: str | None = None,
+    question: str | None = None,
+    answer_prefix: str | None = None,
+    name: str | None = None,
+) -> Path:
+    """Write the prompts of ``lola niah`` with these options as an lm-eval task; returns the YAML path.
+
+    The options mean what they mean for ``lola niah`` (:class:`lola.eval.runner.NiahRun`),
+    and the samples are the same: sample ``i`` of ``samples`` at each length sits at depth
+    ``(i + 0.5) / samples`` and is seeded with ``seed * 100003 + i``.
+
+    Args:
+        out_dir: the folder to write (created); pass it to lm-eval as ``--include_path``.
+        tokenizer: the evaluated model's tokenizer (prompts are sized in its tokens and
+            wrapped in its chat template); see :func:`load_tokenizer`.
+        name: the lm-eval task name (default :func:`task_name` of ``task``).
+
+    The data file is referenced by its absolute path: export again after moving the folder.
+    A warning is printed when a prompt would not tokenize back to the same ids in lm-eval
+    (a tokenizer that adds a BOS token to text that does not start with it: evaluate with
+    ``add_bos_token=False`` then).
+    """
+    from lola.eval.niah import make_sample
+    from lola.eval.runner import NiahRun
+
+    run = NiahRun(
+        task=task, lengths=list(lengths), samples=samples, seed=seed, max_new_tokens=max_new_tokens,
+        haystack_file=None if haystack_file is None else str(haystack_file), needle=needle, question=question,
+        answer_prefix=answer_prefix, methods=["full"], budgets=None,
+    )
+    name = name or task_name(task)
+    if not name.isidentifier():
+        raise ValueError(f"the task name must be a Python identifier (letters, digits, underscores), got {name!r}")
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # The same calls as run_niah (lola/eval/runner.py); a test compares the two.
+    depths = [(i + 0.5) / run.samples for i in range(run.samples)]
+    haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
+    rows = []
+    mismatched = 0
+    for n in run.lengths:
+        for i, d in enumerate(depths):
+            s = make_sample(tokenizer, run.task, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.new_tokens, haystack=haystack, needle=run.needle, question=run.question, answer_prefix=run.answer_prefix)
+            ids = s.input_ids[0].tolist()
+            mismatched += _lm_eval_ids(tokenizer, s.text) != ids
+            rows.append({
+                "index": i, "length": n, "depth": s.depth, "key": s.key, "answers": s.answers,
+                "prompt_tokens": len(ids), "text": s.text,
+            })
+    if mismatched:
+        print(
+            f"lola: {mismatched} of {len(rows)} prompts get a BOS token that lola niah does not add when lm-eval tokenizes them; "
+            "evaluate with model_args add_bos_token=False",
+            file=sys.stderr,
+        )
+    data_file = out / f"{name}.jsonl"
+    data_file.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    options = run.model_dump(mode="json", include={"task", "lengths", "samples", "seed", "max_new_tokens", "haystack_file", "needle", "question", "answer_prefix"})
+    header = "# Exported by `python -m lola.integrations.lm_eval export-niah`: the prompts of `lola niah` with\n# " + json.dumps(options)
+    (out / f"{name}_utils.py").write_text(_UTILS.format(lengths=list(run.lengths)))
+    yaml_path = out / f"{name}.yaml"
+    yaml_path.write_text(_yaml(name, data_file, run.new_tokens, list(run.lengths), header))
+    return yaml_path
+
+
+def _lm_eval_ids(tokenizer: Any, text: str) -> list[int]:
+    """The ids lm-eval's ``HFLM`` gives ``text`` with default model_args (special tokens added
+    unless the text starts with the BOS token)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    add = not (bos and text.startswith(bos))
+    return list(tokenizer(text, add_special_tokens=add).input_ids)

@@ -1,49 +1,72 @@
-"""The ``lola`` command."""
+"""The ``lola`` command.
+
+Every user error (a bad option, a missing or damaged file, an output path that cannot be
+written or holds files another tool wrote) is reported as one line, ``lola COMMAND: error:
+MESSAGE``, with exit status 2 and before any model is loaded. ``--debug`` (or ``LOLA_DEBUG=1``)
+shows the traceback instead. Ctrl-C prints one line saying what was kept and how to resume
+(exit status 130).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
+# Errors that bad input raises: reported as one line. KeyError and RuntimeError are reported the
+# same way (a registry lookup, a download's checksum) but with a pointer to --debug, since they
+# may also be bugs.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError)
+OTHER_REPORTED_ERRORS: tuple[type[BaseException], ...] = (KeyError, RuntimeError)
+
+PERPLEXITY_FORMAT = "lola-perplexity-results"
+
+
+def _check_int(option: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) ``>= minimum``, else a ``ValueError`` naming ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{option} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{option} must be >= {minimum}, got {value}")
+    return value
+
 
 def _demo(args: argparse.Namespace) -> int:
-    from lola.demo import format_table, run_demo
+    from lola.demo import check_demo_args, format_table, run_demo
 
+    check_demo_args(args.length, args.trials, args.budget, prefix="--")
     print(f"Needle recall, one attention head, {args.length} tokens, {args.trials} needle depths, exact budget {args.budget} tokens\n")
     print(format_table(run_demo(length=args.length, trials=args.trials, budget=args.budget, seed=args.seed)))
     return 0
 
 
+NIAH_FIELDS = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "feature_maps",
+               "max_new_tokens", "seed", "haystack_file", "needle", "question", "answer_prefix", "budgets")
+
+
 def _niah(args: argparse.Namespace) -> int:
-    import pydantic
+    from lola.eval.runner import SAMPLES_FILE, NiahRun, check_out_folder, format_depth_summary, format_intervals, format_summary, run_niah, summarize, summarize_by_depth
 
-    from lola.eval.runner import NiahRun, format_depth_summary, format_intervals, format_summary, run_niah, summarize, summarize_by_depth
+    options = _read_config(args.config) if args.config else {}
+    options.update({f: getattr(args, f) for f in NIAH_FIELDS if getattr(args, f) is not None})
+    batch_size = _check_int("--batch-size", options.pop("batch_size", 1) if args.batch_size is None else args.batch_size, 1)
+    run = NiahRun(**options)
+    out = args.out or f"results/niah-{run.task}"
+    check_out_folder(out, run)  # unwritable, foreign, another run's or damaged: refused before loading
+    if run.feature_maps is not None:
+        from lola.linearize import read_feature_maps
 
-    fields = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "feature_maps", "max_new_tokens", "seed", "haystack_file", "needle", "question", "answer_prefix", "budgets")
-    try:
-        options = _read_config(args.config) if args.config else {}
-        options.update({f: getattr(args, f) for f in fields if getattr(args, f) is not None})
-        batch_size = int(options.pop("batch_size", 1) if args.batch_size is None else args.batch_size)
-        if batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-        run = NiahRun(**options)
-    except (OSError, ValueError) as err:
-        errors = err.errors() if isinstance(err, pydantic.ValidationError) else [{"loc": ("config",), "msg": str(err)}]
-        for e in errors:
-            where = f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else ""
-            print(f"lola niah: {where}{e['msg']}", file=sys.stderr)
-        return 2
+        read_feature_maps(run.feature_maps)  # a damaged folder is named before the model loads
     from lola import models
 
-    try:
-        model, tok = models.load(run.model)
-        records = run_niah(run, model, tok, args.out or f"results/niah-{run.task}", batch_size=batch_size)
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
-        print(f"lola niah: {err}", file=sys.stderr)
-        return 2
-    out = args.out or f"results/niah-{run.task}"
+    model, tok = models.load(run.model)
+    args.interrupted_hint = f"finished samples are kept in {Path(out) / SAMPLES_FILE}; run the same command again to resume"
+    records = run_niah(run, model, tok, out, batch_size=batch_size)
     print(f"\n{run.task}, exact budget {run.budget} tokens (accuracy %, cache MiB)\n")
     print(format_summary(summarize(records)))
     print("\naccuracy with 95% Wilson intervals\n")
@@ -52,19 +75,32 @@ def _niah(args: argparse.Namespace) -> int:
     print(format_depth_summary(summarize_by_depth(records)))
     speed = {}
     for r in records:
-        speed.setdefault(r["method"], []).append(r["tokens_per_second"])
+        speed.setdefault(r["method"], []).append(r.get("tokens_per_second", 0.0))
     print("\ntokens/s: " + ", ".join(f"{m} {sum(v) / len(v):.0f}" for m, v in speed.items()))
     print(f"\nresults: {out}/results.json, samples.jsonl, accuracy.png, cache_bytes.png")
     return 0
 
 
-def _print_errors(command: str, err: Exception) -> None:
-    import pydantic
+def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any) -> None:
+    """Refuse a ``lola linearize --out`` folder that cannot be written, holds another tool's
+    ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run."""
+    from lola.linearize.checkpoint import load_checkpoint
+    from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
+    from lola.linearize.folder import CONFIG_FILE, FORMAT
+    from lola.linearize.transfer import CHECKPOINT_FILE
+    from lola.outputs import check_output_folder, read_json
 
-    errors = err.errors() if isinstance(err, pydantic.ValidationError) else [{"loc": (), "msg": str(err)}]
-    for e in errors:
-        where = f"--{str(e['loc'][0]).replace('_', '-')}: " if e["loc"] else ""
-        print(f"lola {command}: {where}{e['msg']}", file=sys.stderr)
+    check_output_folder(out)
+    description = out / CONFIG_FILE
+    if description.exists():
+        data = read_json(description, "a lola feature-map description")
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{description} was not written by lola linearize (format {FORMAT!r}); move it away or use another --out")
+    stage2_ckpt = out / FINETUNE_CHECKPOINT_FILE
+    if cfg2 is not None and stage2_ckpt.is_file():
+        load_checkpoint(stage2_ckpt, cfg2, "--stage2-steps")
+    elif cfg1 is not None and (out / CHECKPOINT_FILE).is_file():
+        load_checkpoint(out / CHECKPOINT_FILE, cfg1, "--steps")
 
 
 def _linearize(args: argparse.Namespace) -> int:
@@ -85,129 +121,194 @@ def _linearize(args: argparse.Namespace) -> int:
         opts1 = {**quick, "steps": 6, "chunk_tokens": 128, "train_chunks": 3, "window": 16, "checkpoint_every": 3, **opts1}
         opts2 = {**quick, "steps": 4, "seq_len": 128, "warmup_steps": 1, "checkpoint_every": 2, **opts2}
     model_name = model_name or "smollm2-135m-instruct"
-    try:
-        cfg1 = LinearizeConfig(**opts1) if args.stage in ("1", "all") else None
-        cfg2 = FinetuneConfig(**opts2) if args.stage in ("2", "all") else None
-    except ValueError as err:
-        _print_errors("linearize", err)
-        return 2
+    cfg1 = LinearizeConfig(**opts1) if args.stage in ("1", "all") else None
+    cfg2 = FinetuneConfig(**opts2) if args.stage in ("2", "all") else None
+    out = Path(args.out)
+    _check_linearize_out(out, cfg1, cfg2)
+    if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
+        from lola.linearize import read_feature_maps
+        from lola.linearize.folder import CONFIG_FILE
+        from lola.linearize.shipped import SHIPPED
+
+        maps = args.feature_maps or args.out
+        if maps not in SHIPPED and not (Path(maps) / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"stage 2 starts from stage-1 feature maps: {maps} has no {CONFIG_FILE} (run `lola linearize --stage 1 --out {maps}` first)")
+        read_feature_maps(maps)
     from lola import models
+    from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
 
-    try:
-        model, tok = models.load(model_name)
-        from pathlib import Path
-
-        from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
-
-        if cfg1 is not None and cfg2 is not None and (Path(args.out) / FINETUNE_CHECKPOINT_FILE).is_file():
-            print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
-        elif cfg1 is not None:
-            linearize(model, tok, cfg1, args.out, model_name=model_name)
-        if cfg2 is not None:
-            finetune(model, tok, cfg2, args.out, maps=args.feature_maps, model_name=model_name)
-    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as err:
-        print(f"lola linearize: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\nlola linearize: interrupted; run the same command again to resume from the last checkpoint in {args.out}", file=sys.stderr)
-        return 130
+    model, tok = models.load(model_name)
+    args.interrupted_hint = f"run the same command again to resume from the last checkpoint in {args.out}"
+    if cfg1 is not None and cfg2 is not None and (out / FINETUNE_CHECKPOINT_FILE).is_file():
+        print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
+    elif cfg1 is not None:
+        linearize(model, tok, cfg1, args.out, model_name=model_name)
+    if cfg2 is not None:
+        finetune(model, tok, cfg2, args.out, maps=args.feature_maps, model_name=model_name)
     print(f"linearized: {args.out} (use with --feature-maps {args.out})")
     return 0
 
 
+def _is_perplexity_results(path: Path) -> bool:
+    """Whether ``path`` holds results that ``lola perplexity --out`` wrote (and may replace)."""
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    legacy = set(data) == {"run", "results"} and isinstance(data["run"], dict) and "lengths" in data["run"]
+    return data.get("format") == PERPLEXITY_FORMAT or legacy
+
+
 def _perplexity(args: argparse.Namespace) -> int:
     from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
+    from lola.outputs import check_output_file
 
     fields = ("model", "lengths", "methods", "feature_maps", "window", "sparse_size", "sinks", "chunk", "policy", "windows", "text", "generate", "generate_windows")
-    try:
-        run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
-        if run.feature_maps is not None:
-            from lola.linearize import read_feature_maps
+    run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+    if run.feature_maps is not None:
+        from lola.linearize import read_feature_maps
 
-            read_feature_maps(run.feature_maps)
-    except (ValueError, FileNotFoundError) as err:
-        _print_errors("perplexity", err)
-        return 2
+        read_feature_maps(run.feature_maps)
+    if args.out:
+        check_output_file(args.out, ours=_is_perplexity_results, writer="lola perplexity")
     from lola import models
 
-    try:
-        model, tok = models.load(run.model)
-        results = run_perplexity(run, model, tok)
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as err:
-        print(f"lola perplexity: {err}", file=sys.stderr)
-        return 2
+    model, tok = models.load(run.model)
+    args.interrupted_hint = "nothing was written (perplexity runs do not resume)"
+    results = run_perplexity(run, model, tok)
     from lola.data import describe
 
     print(f"\nheld-out perplexity ({describe(run.text)}, held-out {run.heldout_fraction:.0%}; window {run.window}, sparse {run.sparse_size}, sinks {run.sinks}"
           f"{', feature maps ' + run.feature_maps if run.feature_maps else ', untrained feature maps'})\n")
     print(format_perplexity(results))
     if args.out:
-        import json
-        from pathlib import Path
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"run": run.model_dump(), "results": results}, indent=2) + "\n")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps({"format": PERPLEXITY_FORMAT, "run": run.model_dump(), "results": results}, indent=2) + "\n")
+        tmp.replace(out)
         print(f"\nresults: {args.out}")
     return 0
 
 
-def _calibrate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from lola.eval.calibrate import calibrate
-
-    for name in ("length", "prompts"):
-        if getattr(args, name) < 1:
-            print(f"lola calibrate: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
-            return 2
-    out = Path(args.out)
-    if out.exists() and not out.is_file():
-        print(f"lola calibrate: --out {args.out} is not a file", file=sys.stderr)
-        return 2
-    from lola import models
+def _is_budgets(path: Path) -> bool:
+    """Whether ``path`` holds budgets (``lola calibrate`` output, which it may replace)."""
+    from lola import budgets
 
     try:
-        model, tok = models.load(args.model)
-        budgets = calibrate(model, tok, model_name=args.model, length=args.length, prompts=args.prompts, sparse_size=args.sparse_size, power=args.power, floor=args.floor, seed=args.seed)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        budgets.save(out)
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as err:
-        print(f"lola calibrate: {err}", file=sys.stderr)
-        return 2
+        budgets.load(path)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from lola.eval.calibrate import calibrate
+    from lola.outputs import check_output_file
+
+    for name in ("length", "prompts"):
+        _check_int(f"--{name}", getattr(args, name), 1)
+    out = check_output_file(args.out, ours=_is_budgets, writer="lola calibrate")
+    from lola import models
+
+    model, tok = models.load(args.model)
+    args.interrupted_hint = "nothing was written"
+    budgets = calibrate(model, tok, model_name=args.model, length=args.length, prompts=args.prompts, sparse_size=args.sparse_size, power=args.power, floor=args.floor, seed=args.seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    budgets.save(out)
     print(budgets.summary())
     print(f"\nbudgets: {out} (use with `lola niah --budgets {out}` or lola.budgets.load)")
     return 0
 
 
 def _read_config(path: str) -> dict:
-    """Options from a JSON or YAML file (keys are NiahRun fields)."""
-    import json
-
-    with open(path) as f:
-        text = f.read()
+    """Options from a JSON or YAML file (keys are NiahRun fields); a missing, garbled or
+    truncated file is one error naming it."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise FileNotFoundError(f"--config {path}: {err.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--config {path} is not a text file ({err.reason} at byte {err.start})") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            raise ValueError(f"--config {path} is not valid YAML ({getattr(err, 'problem', None) or type(err).__name__}{where})") from None
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--config {path} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping of options")
+        raise ValueError(f"--config {path} must hold a mapping of options, got {type(data).__name__}")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise ValueError(f"--config {path}: option names must be strings, got {bad[0]!r}")
     return data
+
+
+def _describe_validation(err: Any) -> str:
+    """A pydantic ``ValidationError`` on one line, fields named as command-line options."""
+    from pydantic import ValidationError
+
+    from lola.config import validation_summary
+
+    parts = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"]]
+        option = f"--{loc[0].replace('_', '-')}" + "".join(f"[{x}]" for x in loc[1:]) if loc else ""
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown option {loc[-1]!r}")
+            continue
+        inner = (e.get("ctx") or {}).get("error")
+        msg = validation_summary(inner) if isinstance(inner, ValidationError) else e["msg"].removeprefix("Value error, ")
+        if e["type"].endswith("_type") or e["type"] in ("finite_number", "less_than_equal", "greater_than_equal", "greater_than", "less_than"):
+            msg += f", got {e['input']!r}"
+        parts.append(f"{option}: {msg}" if option else msg)
+    return "; ".join(parts)
+
+
+def describe_error(err: BaseException) -> str:
+    """The one-line message for ``err``: its text (a ``KeyError``'s without quotes), newlines folded."""
+    import pydantic
+
+    if isinstance(err, pydantic.ValidationError):
+        text = _describe_validation(err)
+    elif isinstance(err, KeyError) and err.args:
+        text = str(err.args[0])
+    else:
+        text = str(err) or type(err).__name__
+    return " ".join(text.split())
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    """``--debug`` or ``LOLA_DEBUG`` set to anything but empty or ``0``: show tracebacks."""
+    return bool(getattr(args, "debug", False)) or os.environ.get("LOLA_DEBUG", "") not in ("", "0")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lola`` command."""
     parser = argparse.ArgumentParser(prog="lola", description="LoLA: linear attention that remembers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="model-free needle-recall demo of every method")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line (also LOLA_DEBUG=1)")
+    demo = sub.add_parser("demo", parents=[common], help="model-free needle-recall demo of every method")
     demo.add_argument("--length", type=int, default=2048, help="tokens per trial (default 2048)")
     demo.add_argument("--trials", type=int, default=8, help="needle depths (default 8)")
     demo.add_argument("--budget", type=int, default=128, help="exact tokens for the compressed methods (default 128)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
 
-    niah = sub.add_parser("niah", help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
+    niah = sub.add_parser("niah", parents=[common], help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
     niah.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
     niah.add_argument("--task", help="niah_single_1 (default), niah_multikey_2, niah_multikey_3 or vt")
     niah.add_argument("--lengths", type=int, nargs="+", help="context lengths in tokens (default 1024 2048)")
@@ -232,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
     niah.set_defaults(func=_niah)
 
-    lin = sub.add_parser("linearize", help="linearize a model: attention transfer (stage 1), then LoRA fine-tuning against it (stage 2)")
+    lin = sub.add_parser("linearize", parents=[common], help="linearize a model: attention transfer (stage 1), then LoRA fine-tuning against it (stage 2)")
     lin.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
     lin.add_argument("--out", required=True, help="output folder (re-running resumes from its checkpoints)")
     lin.add_argument("--stage", choices=("1", "2", "all"), default="all", help="1: attention transfer; 2: LoRA fine-tuning from the stage-1 maps in --out (or --feature-maps); all (default): both")
@@ -263,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     lin.add_argument("--quick", action="store_true", help="a few short steps of both stages on a tiny random model (smoke test)")
     lin.set_defaults(func=_linearize)
 
-    cal = sub.add_parser("calibrate", help="find the retrieval heads of a model and write per-head sparse budgets")
+    cal = sub.add_parser("calibrate", parents=[common], help="find the retrieval heads of a model and write per-head sparse budgets")
     cal.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
     cal.add_argument("--out", required=True, help="budgets JSON file to write (use with `lola niah --budgets FILE`)")
     cal.add_argument("--length", type=int, default=2048, help="tokens per calibration prompt (default 2048)")
@@ -274,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--seed", type=int, default=0)
     cal.set_defaults(func=_calibrate)
 
-    ppl = sub.add_parser("perplexity", help="held-out perplexity of full attention, the hybrid (lolcats) and LoLA")
+    ppl = sub.add_parser("perplexity", parents=[common], help="held-out perplexity of full attention, the hybrid (lolcats) and LoLA")
     ppl.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
     ppl.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder (default: untrained maps)")
     ppl.add_argument("--length", "--lengths", dest="lengths", type=int, nargs="+", help="context lengths (default 1024 2048)")
@@ -294,13 +395,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``lola`` command."""
+    """Entry point of the ``lola`` command.
+
+    Returns the exit status: 0, 2 for a user error (one line on stderr, ``lola COMMAND: error:
+    …``), 130 when interrupted. With ``--debug`` or ``LOLA_DEBUG=1`` errors propagate with
+    their traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("length", "trials", "budget"):
-        if getattr(args, name, 1) < 1:
-            parser.error(f"--{name} must be >= 1")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if _debug(args):
+            raise
+        hint = getattr(args, "interrupted_hint", None)
+        print(f"\nlola {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        return 130
+    except USER_ERRORS + OTHER_REPORTED_ERRORS as err:
+        if _debug(args):
+            raise
+        more = " (run with --debug for the traceback)" if isinstance(err, OTHER_REPORTED_ERRORS) else ""
+        print(f"lola {args.command}: error: {describe_error(err)}{more}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, Strict, ValidationError, field_validator, model_validator
 
-__all__ = ["LoLAConfig"]
+__all__ = ["LoLAConfig", "MAX_FEATURE_DIM", "MAX_HEADS", "MAX_TOKENS"]
 
 _MODEL_LEVEL_FIELDS = {"layer_overrides", "full_attention_layers"}
+
+MAX_TOKENS = 2**24
+"""Most tokens one memory (window, sparse cache, sinks) or one chunk may hold: 16.7 M, far
+beyond any context a LoLA layer is meant to compress (a typo such as ``window=10**12`` would
+otherwise only fail when the storage is allocated)."""
+MAX_FEATURE_DIM = 2**14
+"""Largest Hedgehog projection size ``f`` (the linear state holds ``2f × D`` floats per head)."""
+MAX_HEADS = 2**16
+"""Most entries of a per-head size list."""
+
+
+def _layer_index(value: Any) -> Any:
+    """A layer index: an int (never a bool), or its decimal string (JSON object keys)."""
+    if isinstance(value, bool):
+        raise ValueError(f"layer indices must be ints, got {value!r} (bool)")
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+# Strict: a bool, float or string is refused where an int is expected (``window=True`` is not 1).
+Tokens = Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)]
+LayerIndex = Annotated[int, BeforeValidator(_layer_index), Strict()]
+FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 
 
 class LoLAConfig(BaseModel):
@@ -17,7 +42,10 @@ class LoLAConfig(BaseModel):
     The exact-token budget of a layer is ``sinks + window + sparse_size`` (plus up to
     ``chunk − 1`` buffered tokens between select-and-evict steps); everything else lives in the
     constant-size linear state. Invalid values raise :class:`pydantic.ValidationError` naming
-    the field. ``LoLAConfig.model_validate_json(cfg.model_dump_json()) == cfg``.
+    the field: integer fields are strict (``window=True`` or ``window=64.0`` is refused, not
+    read as 1 or 64), token counts lie in ``[0, MAX_TOKENS]``, floats must be finite, and
+    ``policy_kwargs`` must be accepted by the policy. ``LoLAConfig.model_validate_json(
+    cfg.model_dump_json()) == cfg``.
 
     Attributes:
         window: ``η``, the newest tokens kept exact (each query sees at least its ``η`` newest
@@ -26,7 +54,10 @@ class LoLAConfig(BaseModel):
         sinks: first real tokens of each row pinned exact (not in the paper; cheap and helpful
             for training-free use).
         chunk: ``C``, tokens between select-and-evict steps with ``schedule="chunkwise"``.
-        schedule: ``"chunkwise"`` (every ``chunk`` tokens) or ``"tokenwise"`` (every token).
+        schedule: a registered :mod:`lola.schedules` name: ``"chunkwise"`` (every ``chunk``
+            tokens, the default), ``"tokenwise"`` (every token), or one registered with
+            :func:`lola.schedules.register` or the ``lola.schedules`` entry-point group.
+        schedule_kwargs: keyword arguments for the schedule's factory (besides ``chunk``).
         policy: name of a registered scoring policy (``"sre"``, ``"attention"``, ``"recency"``,
             ``"random"``, ``"key_norm"`` or a plug-in's name).
         policy_kwargs: keyword arguments for the policy (e.g. ``{"seed": 1}`` for ``random``).
@@ -59,31 +90,40 @@ class LoLAConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window: int = Field(64, ge=0)
-    sparse_size: int = Field(64, ge=0)
-    sinks: int = Field(4, ge=0)
-    chunk: int = Field(64, ge=1)
-    schedule: Literal["chunkwise", "tokenwise"] = "chunkwise"
+    window: Tokens = 64
+    sparse_size: Tokens = 64
+    sinks: Tokens = 4
+    chunk: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] = 64
+    schedule: str = "chunkwise"
+    schedule_kwargs: dict[str, Any] = Field(default_factory=dict)
     policy: str = "sre"
     policy_kwargs: dict[str, Any] = Field(default_factory=dict)
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
-    affine: bool = False
-    window_factor_init: float = -2.1972
+    affine: StrictBool = False
+    window_factor_init: FiniteFloat = -2.1972
     feature_map: Literal["hedgehog", "hedgehog_identity", "elu", "taylor"] = "hedgehog_identity"
-    feature_dim: int = Field(64, ge=1)
-    scale: float | None = Field(None, gt=0)
+    feature_dim: Annotated[int, Strict(), Field(ge=1, le=MAX_FEATURE_DIM)] = 64
+    scale: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
-    check_inputs: bool = True
-    window_per_head: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
-    sparse_size_per_head: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
-    layer_overrides: dict[int, dict[str, Any]] = Field(default_factory=dict)
-    full_attention_layers: list[int] = Field(default_factory=list)
+    check_inputs: StrictBool = True
+    window_per_head: list[Tokens] | None = Field(None, min_length=1, max_length=MAX_HEADS)
+    sparse_size_per_head: list[Tokens] | None = Field(None, min_length=1, max_length=MAX_HEADS)
+    layer_overrides: dict[LayerIndex, dict[str, Any]] = Field(default_factory=dict)
+    full_attention_layers: list[LayerIndex] = Field(default_factory=list)
 
     @field_validator("layer_overrides", mode="before")
     @classmethod
     def _overrides_from_list(cls, value: Any) -> Any:
         if isinstance(value, (list, tuple)):
-            return {i: dict(v) for i, v in enumerate(value) if v}
+            out = {}
+            for i, entry in enumerate(value):
+                if entry is None:
+                    continue
+                if not isinstance(entry, Mapping):
+                    raise ValueError(f"layer_overrides[{i}] must be a mapping of LoLAConfig fields (or None), got {entry!r} ({type(entry).__name__})")
+                if entry:
+                    out[i] = dict(entry)
+            return out
         return value
 
     @field_validator("layer_overrides")
@@ -108,7 +148,30 @@ class LoLAConfig(BaseModel):
     @model_validator(mode="after")
     def _overrides_are_valid(self) -> "LoLAConfig":
         for layer in self.layer_overrides:
-            self.for_layer(layer)  # raises a ValidationError naming the bad field
+            try:
+                self.for_layer(layer)
+            except ValidationError as err:  # one line naming the layer and the field
+                raise ValueError(f"layer_overrides[{layer}]: {validation_summary(err)}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_accepts_kwargs(self) -> "LoLAConfig":
+        from lola import schedules
+
+        try:
+            schedules.build(self.schedule, chunk=self.chunk, **self.schedule_kwargs)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"schedule {self.schedule!r} with chunk={self.chunk} and schedule_kwargs {self.schedule_kwargs}: {err}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _policy_accepts_kwargs(self) -> "LoLAConfig":
+        from lola import policies
+
+        try:
+            policies.build(self.policy, **self.policy_kwargs)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"policy_kwargs {self.policy_kwargs} do not fit policy {self.policy!r}: {err}") from None
         return self
 
     def for_layer(self, index: int) -> "LoLAConfig":
@@ -132,3 +195,15 @@ class LoLAConfig(BaseModel):
         window = max(self.window_per_head) if self.window_per_head else self.window
         sparse = max(self.sparse_size_per_head) if self.sparse_size_per_head else self.sparse_size
         return self.sinks + window + sparse
+
+
+def validation_summary(err: ValidationError) -> str:
+    """``field: message`` for each error of ``err``, joined on one line."""
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"].endswith("_type") or e["type"] in ("finite_number", "less_than_equal", "greater_than_equal", "greater_than"):
+            msg += f", got {e['input']!r} ({type(e['input']).__name__})"
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)

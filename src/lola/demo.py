@@ -17,7 +17,7 @@ import torch
 from lola.config import LoLAConfig
 from lola.layer import compose
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "check_demo_args", "run_demo"]
 
 
 @dataclass
@@ -45,6 +45,30 @@ def _haystack(length: int, head_dim: int, vocab: int, depth: float, gen: torch.G
     return q[None, :, None], k[None, :, None], v[None, :, None], values[vocab]
 
 
+MIN_BUDGET = 8
+"""Smallest exact budget: the LoLA variants keep 4 sinks, a window and a sparse cache of
+``budget // 2`` tokens each."""
+
+
+def check_demo_args(length: object, trials: object, budget: object, prefix: str = "") -> None:
+    """Refuse demo settings that cannot run or would say nothing.
+
+    ``length``, ``trials`` and ``budget`` must be ints; ``budget`` at least :data:`MIN_BUDGET`
+    and smaller than ``length`` (with the whole haystack exact, every method trivially
+    recalls the needle). ``prefix`` goes before each name in the message (``"--"`` for the
+    command line).
+
+    Raises:
+        ValueError: naming the first bad argument.
+    """
+    for name, value, minimum in (("length", length, MIN_BUDGET + 1), ("trials", trials, 1), ("budget", budget, MIN_BUDGET)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            why = " (4 sinks, a window and a sparse cache)" if name == "budget" else ""
+            raise ValueError(f"{prefix}{name} must be an int >= {minimum}{why}, got {value!r}")
+    if budget >= length:
+        raise ValueError(f"{prefix}budget ({budget}) must be smaller than {prefix}length ({length}): with every token exact, all methods find the needle and the demo shows nothing")
+
+
 def run_demo(length: int = 2048, trials: int = 8, budget: int = 128, head_dim: int = 64, vocab: int = 4, seed: int = 0) -> list[DemoResult]:
     """Run every method on the same trials and return one :class:`DemoResult` per method.
 
@@ -55,7 +79,11 @@ def run_demo(length: int = 2048, trials: int = 8, budget: int = 128, head_dim: i
         head_dim: ``D``.
         vocab: distinct haystack pairs.
         seed: RNG seed.
+
+    Raises:
+        ValueError: see :func:`check_demo_args`.
     """
+    check_demo_args(length, trials, budget)
     half = budget // 2
     methods = {
         "full": LoLAConfig(window=length, sparse_size=0, sinks=0, chunk=length),

@@ -14,7 +14,7 @@ from lola.core.mixing import MixingRule, mix
 from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
-from lola.schedules import Chunkwise, Tokenwise
+from lola.schedules import build as build_schedule
 
 __all__ = ["LoLAAttention", "compose", "memory_from_config"]
 
@@ -65,11 +65,8 @@ class LoLAAttention(nn.Module):
         check_inputs: bool = True,
     ) -> None:
         super().__init__()
+        check_geometry(num_heads, head_dim, num_kv_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
-        if head_dim < 1:
-            raise ValueError(f"head_dim must be >= 1, got {head_dim}")
         if feature_map_q.feature_dim != feature_map_k.feature_dim:
             raise ValueError(f"feature maps disagree on F: q {feature_map_q.feature_dim}, k {feature_map_k.feature_dim}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -182,6 +179,31 @@ class LoLAAttention(nn.Module):
         return f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, mixing={self.mixing.value}, memory={self.new_state()!r}"
 
 
+def _check_int(name: str, value: object, minimum: int) -> None:
+    """``value`` must be an int (not a bool) ``>= minimum``; the error names ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+
+
+def check_geometry(num_heads: object, head_dim: object, num_kv_heads: object = None, layer: object = None) -> None:
+    """Refuse a layer geometry that is not positive ints with ``num_heads % num_kv_heads == 0``.
+
+    Raises:
+        TypeError: an argument is not an int (a bool or a float such as ``2.5`` is not one).
+        ValueError: an argument is out of range, or ``num_heads`` is no multiple of ``num_kv_heads``.
+    """
+    _check_int("num_heads", num_heads, 1)
+    _check_int("head_dim", head_dim, 1)
+    if num_kv_heads is not None:
+        _check_int("num_kv_heads", num_kv_heads, 1)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if layer is not None:
+        _check_int("layer", layer, 0)
+
+
 def _as_bool_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
@@ -193,7 +215,7 @@ def _as_bool_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def memory_from_config(cfg: LoLAConfig, layer: int | None = None) -> LoLAMemory:
     """An empty :class:`LoLAMemory` built from ``cfg`` (sinks, window, sparse cache, policy,
     schedule) for layer ``layer`` of a model (``None``: a standalone layer)."""
-    schedule = Tokenwise() if cfg.schedule == "tokenwise" else Chunkwise(cfg.chunk)
+    schedule = build_schedule(cfg.schedule, chunk=cfg.chunk, **cfg.schedule_kwargs)
     return LoLAMemory(
         sinks=SinkTokens(cfg.sinks),
         window=SlidingWindow(cfg.window_per_head or cfg.window, max_pending=schedule.period),
@@ -224,6 +246,7 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
     """
     if not isinstance(cfg, LoLAConfig):
         raise TypeError(f"cfg must be a LoLAConfig, got {type(cfg).__name__}")
+    check_geometry(num_heads, head_dim, num_kv_heads, layer)
     storage = (num_kv_heads or num_heads) if cfg.gqa_storage == "kv_head" else num_heads
     for field in ("window_per_head", "sparse_size_per_head"):
         sizes = getattr(cfg, field)

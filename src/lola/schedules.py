@@ -9,11 +9,14 @@ so with :class:`Tokenwise` and window ``η`` every query sees exactly its ``η``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from importlib.metadata import entry_points
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Chunkwise", "Tokenwise", "UpdateSchedule"]
+__all__ = ["ENTRY_POINT_GROUP", "Chunkwise", "Tokenwise", "UpdateSchedule", "available", "build", "register", "unregister"]
+
+ENTRY_POINT_GROUP = "lola.schedules"
 
 
 @runtime_checkable
@@ -67,3 +70,90 @@ class Tokenwise:
 
     def tokens_until_step(self, seen: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(seen)
+
+
+# -- registry ------------------------------------------------------------------------------------
+ScheduleFactory = Callable[..., UpdateSchedule]
+_REGISTRY: dict[str, ScheduleFactory] = {}
+_ENTRY_POINTS_LOADED = False
+
+
+def register(name: str, factory: ScheduleFactory | None = None, *, overwrite: bool = False) -> Any:
+    """Register a schedule factory under ``name`` (usable as a decorator).
+
+    The factory is called as ``factory(chunk=cfg.chunk, **cfg.schedule_kwargs)`` and returns an
+    :class:`UpdateSchedule`; ``LoLAConfig(schedule=name)`` then uses it. A third-party package
+    publishes one with, in its ``pyproject.toml``::
+
+        [project.entry-points."lola.schedules"]
+        strided = "my_package.schedules:strided"
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+
+    def _do(f: ScheduleFactory) -> ScheduleFactory:
+        if not callable(f):
+            raise TypeError(f"schedule {name!r} must be a callable returning an UpdateSchedule, got {f!r}")
+        if name in _REGISTRY and _REGISTRY[name] is not f and not overwrite:
+            raise ValueError(f"schedule {name!r} is already registered ({_REGISTRY[name]!r}); pass overwrite=True to replace it")
+        _REGISTRY[name] = f
+        return f
+
+    return _do if factory is None else _do(factory)
+
+
+def unregister(name: str) -> None:
+    """Remove a registration (mostly for tests)."""
+    _REGISTRY.pop(name, None)
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in _REGISTRY:
+            register(ep.name, ep.load())
+
+
+def reload_entry_points() -> None:
+    """Look at the ``lola.schedules`` entry points again (after installing a plug-in at run time)."""
+    global _ENTRY_POINTS_LOADED
+    _ENTRY_POINTS_LOADED = False
+    _load_entry_points()
+
+
+def available() -> list[str]:
+    """Sorted names of every registered schedule, entry points included."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def build(name: str, chunk: int, **kwargs: Any) -> UpdateSchedule:
+    """The schedule registered under ``name``, built with the config's ``chunk`` and ``kwargs``.
+
+    Raises:
+        ValueError: ``name`` is unknown (the message lists the registered ones), or the factory
+            returned something without ``period`` and ``tokens_until_step``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"schedule name must be a string, got {name!r} ({type(name).__name__})")
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown schedule {name!r}; available: {', '.join(available())}")
+    schedule = _REGISTRY[name](chunk=chunk, **kwargs)
+    if not isinstance(schedule, UpdateSchedule) or not isinstance(schedule.period, int) or schedule.period < 1:
+        raise ValueError(f"schedule {name!r} built {schedule!r}: expected an UpdateSchedule with an int period >= 1")
+    return schedule
+
+
+@register("chunkwise")
+def _chunkwise(chunk: int) -> Chunkwise:
+    return Chunkwise(chunk)
+
+
+@register("tokenwise")
+def _tokenwise(chunk: int) -> Tokenwise:  # the chunk size does not apply
+    return Tokenwise()

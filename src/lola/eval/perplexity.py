@@ -13,12 +13,12 @@ full attention's on the same prompts.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from lola.config import LoLAConfig
+from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
 
@@ -31,17 +31,17 @@ class PerplexityRun(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = "smollm2-135m-instruct"
-    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
+    lengths: list[Annotated[StrictInt, Field(ge=2, le=MAX_TOKENS)]] = Field(default_factory=lambda: [1024, 2048], min_length=1)
     methods: list[Literal["full", "lolcats", "lola"]] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1)
     feature_maps: str | None = None
-    window: int = Field(64, ge=1)
-    sparse_size: int = Field(64, ge=0)
-    sinks: int = Field(0, ge=0)
-    chunk: int = Field(64, ge=1)
+    window: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
+    sparse_size: Tokens = 64
+    sinks: Tokens = 0
+    chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
     policy: str = "sre"
-    windows: int = Field(4, ge=1, description="held-out windows per length (at most)")
-    generate: int = Field(64, ge=0, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)")
-    generate_windows: int = Field(2, ge=1)
+    windows: StrictInt = Field(4, ge=1, le=1_000_000, description="held-out windows per length (at most)")
+    generate: StrictInt = Field(64, ge=0, le=MAX_TOKENS, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)")
+    generate_windows: StrictInt = Field(2, ge=1, le=1_000_000)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
 
     @field_validator("text", mode="before")
@@ -49,6 +49,22 @@ class PerplexityRun(BaseModel):
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
+
+    @field_validator("lengths", "methods")
+    @classmethod
+    def _distinct(cls, values: list, info) -> list:
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise ValueError(f"{info.field_name} must be distinct, got {values} ({', '.join(map(str, repeated))} more than once)")
+        return values
+
+    @model_validator(mode="after")
+    def _configs_build(self) -> "PerplexityRun":
+        try:
+            perplexity_configs(self)  # e.g. an unknown policy, named here rather than after loading
+        except ValidationError as err:
+            raise ValueError(validation_summary(err)) from None
+        return self
 
 
 def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
@@ -85,16 +101,15 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     from lola.eval.generation import greedy_continuation, repeated_ngram_rate
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
 
-    _, heldout = load_split(run.text, run.heldout_fraction)
-    ids = encode(tokenizer, heldout)
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    for n in run.lengths:
-        if n < 2:
-            raise ValueError(f"lengths must be >= 2, got {n}")
-        if ids.numel() < n:
-            raise ValueError(f"the held-out text has {ids.numel()} tokens, fewer than one window of {n}")
+    for n in run.lengths:  # before the text is read and encoded
         if max_positions and n > max_positions:
             raise ValueError(f"length {n} exceeds what the model can hold ({max_positions} positions)")
+    _, heldout = load_split(run.text, run.heldout_fraction)
+    ids = encode(tokenizer, heldout)
+    for n in run.lengths:
+        if ids.numel() < n:
+            raise ValueError(f"the held-out text has {ids.numel()} tokens, fewer than one window of {n}")
     configs = perplexity_configs(run)
     device = next(model.parameters()).device
     jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n))]

@@ -22,13 +22,28 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from lola.config import LoLAConfig
+from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 
-__all__ = ["METHODS", "NiahRun", "format_depth_summary", "format_intervals", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth", "wilson_interval"]
+__all__ = ["METHODS", "RESULTS_FORMAT", "NiahRun", "check_out_folder", "format_depth_summary", "format_intervals", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth", "wilson_interval"]
 
 METHODS = ("full", "window", "lolcats", "lola")
+RESULTS_FORMAT = "lola-niah-results"
+"""The ``format`` marker of ``results.json``: a results folder without it is not lola's."""
+RESULTS_FILE = "results.json"
+SAMPLES_FILE = "samples.jsonl"
+PLOT_FILES = ("accuracy.png", "cache_bytes.png")
+# Keys every line of samples.jsonl must have (what resuming and the summaries read).
+RECORD_KEYS = ("method", "length", "index", "depth", "score", "cache_bytes")
+
+
+def _distinct(name: str, values: list) -> list:
+    """``values`` if no entry repeats; a repeated length or method would run (and count) twice."""
+    repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"{name} must be distinct, got {values} ({', '.join(map(str, repeated))} more than once)")
+    return values
 
 
 class NiahRun(BaseModel):
@@ -38,24 +53,24 @@ class NiahRun(BaseModel):
 
     model: str = "smollm2-135m-instruct"
     task: str = "niah_single_1"
-    lengths: list[int] = Field(default_factory=lambda: [1024, 2048], min_length=1)
-    samples: int = Field(5, ge=1)
+    lengths: list[StrictInt] = Field(default_factory=lambda: [1024, 2048], min_length=1)
+    samples: StrictInt = Field(5, ge=1, le=1_000_000)
     methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1)
     policies: list[str] = Field(default_factory=lambda: ["sre"], min_length=1)
-    window: int = Field(60, ge=0)
+    window: Tokens = 60
     # 4 + 60 + 192 = 256 exact tokens: S-NIAH-1 at 2K went from 1/20 with a 64-token sparse
     # cache to 14/20 with 192 (`lola niah --methods lola --lengths 2048 --samples 20 --sparse-size S`).
-    sparse_size: int = Field(192, ge=0)
-    sinks: int = Field(4, ge=0)
-    chunk: int = Field(64, ge=1)
+    sparse_size: Tokens = 192
+    sinks: Tokens = 4
+    chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS)
     # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
     # None: softmax_only, or with feature_maps the rule they were trained with.
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = None
     feature_maps: str | None = Field(None, description="a `lola linearize` folder, or a shipped name, loaded into every method but full")
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
-    max_new_tokens: int | None = Field(None, ge=1, description="None: 12 for number answers, 64 for uuids and vt")
-    seed: int = 0
+    max_new_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS, description="None: 12 for number answers, 64 for uuids and vt")
+    seed: StrictInt = 0
     haystack_file: str | None = None
     needle: str | None = None
     question: str | None = None
@@ -124,7 +139,7 @@ class NiahRun(BaseModel):
         bad = [m for m in methods if m not in METHODS]
         if bad:
             raise ValueError(f"unknown methods {bad}; available: {', '.join(METHODS)}")
-        return methods
+        return _distinct("methods", methods)
 
     @field_validator("policies")
     @classmethod
@@ -134,14 +149,16 @@ class NiahRun(BaseModel):
         bad = [p for p in names if p not in policies.available()]
         if bad:
             raise ValueError(f"unknown policies {bad}; available: {', '.join(policies.available())}")
-        return names
+        return _distinct("policies", names)
 
     @field_validator("lengths")
     @classmethod
     def _positive_lengths(cls, lengths: list[int]) -> list[int]:
         if any(n < 64 for n in lengths):
             raise ValueError(f"lengths must be >= 64 tokens, got {lengths}")
-        return lengths
+        if any(n > MAX_TOKENS for n in lengths):
+            raise ValueError(f"lengths must be <= {MAX_TOKENS} tokens, got {lengths}")
+        return _distinct("lengths", lengths)
 
     @property
     def budget(self) -> int:
@@ -189,6 +206,8 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
                 budgets = fields.pop("budgets", None)
                 try:
                     out[f"lola-{name}"] = _with_budgets(LoLAConfig(**{**base, **fields}), budgets, run.model)
+                except ValidationError as err:
+                    raise ValueError(f"variant {name!r}: {validation_summary(err)}") from None
                 except ValueError as err:
                     raise ValueError(f"variant {name!r}: {err}") from None
     return out
@@ -205,13 +224,74 @@ def wilson_interval(hits: float, n: int, z: float = 1.96) -> tuple[float, float]
 
 
 def _load_done(path: Path) -> dict[tuple[str, int, int], dict]:
+    """The finished samples in ``samples.jsonl``; a cut-short or foreign line is an error naming
+    the file and the line."""
     done: dict[tuple[str, int, int], dict] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                done[(rec["method"], rec["length"], rec["index"])] = rec
+    if not path.exists():
+        return done
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a lola niah samples file: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: line {number} is not a complete JSON record ({err.msg}), e.g. a sample cut short by a crash; "
+                "delete that line and run again to redo that sample"
+            ) from None
+        missing = [k for k in RECORD_KEYS if not isinstance(rec, dict) or k not in rec]
+        if missing:
+            raise ValueError(f"{path}: line {number} is not a lola niah sample (lacks {missing})")
+        done[(rec["method"], rec["length"], rec["index"])] = rec
     return done
+
+
+def _is_results(data: Any) -> bool:
+    """Whether parsed JSON is a ``results.json`` of ``lola niah`` (its format marker, or the
+    ``run`` + ``versions.lola`` of files written before the marker existed)."""
+    if not isinstance(data, dict):
+        return False
+    if data.get("format") == RESULTS_FORMAT:
+        return True
+    return isinstance(data.get("run"), dict) and isinstance(data.get("versions"), dict) and "lola" in data["versions"]
+
+
+def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tuple[str, int, int], dict]:
+    """Check a results folder before any model work; returns the samples it already holds.
+
+    Refused, with a message naming the file: a folder that cannot be written; a
+    ``results.json`` that is truncated, garbled or not lola's (no ``format`` marker); result
+    files (``samples.jsonl``, the plots) without lola's ``results.json``; a saved run other
+    than ``run``; a ``samples.jsonl`` with a cut-short or foreign line.
+    """
+    from lola.outputs import check_output_folder, read_json
+
+    out = check_output_folder(out_dir)
+    results = out / RESULTS_FILE
+    if results.exists():
+        if not results.is_file():
+            raise ValueError(f"{results} is not a file")
+        data = read_json(results, "a lola niah results file")
+        if not _is_results(data):
+            raise ValueError(f"{results} was not written by lola niah (no format marker {RESULTS_FORMAT!r}); move it away or use another --out")
+        saved = data.get("run")
+        if run is not None and saved is not None:
+            try:
+                same = NiahRun(**saved) == run
+            except (ValidationError, TypeError) as err:
+                detail = validation_summary(err) if isinstance(err, ValidationError) else str(err)
+                raise ValueError(f"{results} holds a run this version of lola refuses ({detail}); use another --out") from None
+            if not same:
+                raise ValueError(f"{out} holds a different run; use another --out or the same options (saved: {saved})")
+    else:
+        foreign = [name for name in (SAMPLES_FILE, *PLOT_FILES) if (out / name).exists()]
+        if foreign:
+            raise ValueError(f"{out} holds {', '.join(foreign)} but no lola {RESULTS_FILE}: not a lola niah results folder; move them away or use another --out")
+    return _load_done(out / SAMPLES_FILE)
 
 
 def _cache_bytes(cache: Any) -> int:
@@ -234,21 +314,24 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     from tqdm.auto import tqdm
-    from transformers import DynamicCache
 
-    from lola.eval.niah import make_sample, string_match_all
-    from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+    from lola.eval.niah import make_sample
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.json"
-    if results_path.exists():
-        saved = json.loads(results_path.read_text()).get("run")
-        if saved is not None and NiahRun(**saved) != run:
-            raise ValueError(f"{out} holds a different run; use another --out or the same options (saved: {saved})")
-    _write_results(results_path, run, [])
-    samples_path = out / "samples.jsonl"
-    done = _load_done(samples_path)
+    done = check_out_folder(out, run)  # before anything is written
+    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if max_positions and max(run.lengths) > max_positions:
+        raise ValueError(f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    pad_id = getattr(tokenizer, "eos_token_id", None) if pad_id is None else pad_id
+    if batch_size > 1 and pad_id is None:
+        raise ValueError("batch_size > 1 needs a tokenizer with a pad or eos token id")
+    maps = None
+    if run.feature_maps is not None:  # read and checked once, before any generation
+        from lola.linearize.folder import check_geometry, read_feature_maps
+
+        maps = read_feature_maps(run.feature_maps)
+        check_geometry(maps, model)
     configs = method_configs(run)
     depths = [(i + 0.5) / run.samples for i in range(run.samples)]
     haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
@@ -257,23 +340,46 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
         for n in run.lengths
         for i, d in enumerate(depths)
     }
-    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if max_positions and max(run.lengths) > max_positions:
-        raise ValueError(f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / RESULTS_FILE
+    records = list(done.values())
+    _write_results(results_path, run, records)  # claims the folder; a resume keeps its summary
+    samples_path = out / SAMPLES_FILE
     todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done]
     bar = tqdm(total=len(configs) * len(prompts), initial=len(configs) * len(prompts) - len(todo), desc="niah", disable=not progress)
-    records = list(done.values())
-    pad_id = getattr(tokenizer, "pad_token_id", None)
-    pad_id = getattr(tokenizer, "eos_token_id", None) if pad_id is None else pad_id
-    if batch_size > 1 and pad_id is None:
-        raise ValueError("batch_size > 1 needs a tokenizer with a pad or eos token id")
+    try:
+        _generate_all(run, model, tokenizer, configs, todo, prompts, samples_path, records, bar, batch_size, pad_id, maps)
+    except BaseException:  # interrupted or failed: results.json still summarises every saved sample
+        bar.close()
+        try:
+            _write_results(results_path, run, records)
+        except Exception:  # noqa: S110 - the original error is the one to report
+            pass
+        raise
+    bar.close()
+    _write_results(results_path, run, records)
+    plot_results(records, out)
+    return records
+
+
+def _generate_all(
+    run: NiahRun, model: Any, tokenizer: Any, configs: dict, todo: list, prompts: dict,
+    samples_path: Path, records: list, bar: Any, batch_size: int, pad_id: int | None, maps: Any = None,
+) -> None:
+    """Generate every sample of ``todo``, appending each record to ``samples_path`` and ``records``
+    (``maps``: the run's feature maps, already read)."""
+    from transformers import DynamicCache
+
+    from lola.eval.niah import string_match_all
+    from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+
     with open(samples_path, "a") as log:
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
             if not mine:
                 continue
             if cfg is not None:
-                apply_lola(model, cfg, feature_maps=run.feature_maps)
+                apply_lola(model, cfg, feature_maps=maps)
             try:
                 for batch in _batches(mine, batch_size):
                     samples = [prompts[key] for key in batch]
@@ -302,10 +408,6 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
             finally:
                 if cfg is not None:
                     remove_lola(model)
-    bar.close()
-    _write_results(results_path, run, records)
-    plot_results(records, out)
-    return records
 
 
 def _batches(items: list[tuple[int, int]], size: int) -> list[list[tuple[int, int]]]:
@@ -422,6 +524,7 @@ def _write_results(path: Path, run: NiahRun, records: list[dict]) -> None:
     import lola
 
     payload = {
+        "format": RESULTS_FORMAT,
         "run": run.model_dump(),
         "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in method_configs(run).items()},

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-__all__ = ["read_checkpoint", "write_checkpoint"]
+__all__ = ["load_checkpoint", "read_checkpoint", "write_checkpoint"]
 
 
 def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -22,6 +22,32 @@ def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.replace(path)
+
+
+def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str) -> dict[str, Any]:
+    """The state saved at ``path``, checked against this run's options (not yet the model).
+
+    Cheap enough to run before the model is loaded, so that a damaged or mismatched checkpoint
+    is refused up front.
+
+    Raises:
+        ValueError: an unreadable file (named), other options, or more steps done than asked for.
+    """
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+        saved = type(cfg).model_validate(state["config"])
+    except Exception as err:  # truncated, foreign or hand-edited files
+        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); delete it to start afresh") from None
+    if saved.model_copy(update={"steps": cfg.steps}) != cfg:
+        diff = {k: (v, getattr(cfg, k)) for k, v in saved.model_dump().items() if k != "steps" and v != getattr(cfg, k)}
+        raise ValueError(f"{path} was written by a run with other options {diff} (saved, requested); use another --out or the same options")
+    try:
+        step = int(state["step"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path} is not a readable checkpoint (no step count); delete it to start afresh") from None
+    if step > cfg.steps:
+        raise ValueError(f"{path} is at step {step}, beyond {steps_option} {cfg.steps}; ask for at least {step} steps")
+    return state
 
 
 def read_checkpoint(path: Path, cfg: BaseModel, geometry: dict, steps_option: str) -> dict[str, Any]:
@@ -37,16 +63,7 @@ def read_checkpoint(path: Path, cfg: BaseModel, geometry: dict, steps_option: st
         ValueError: other options, another model, more steps done than asked for, or an
             unreadable file (named).
     """
-    try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-        saved = type(cfg).model_validate(state["config"])
-    except Exception as err:  # truncated, foreign or hand-edited files
-        raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); delete it to start afresh") from None
-    if saved.model_copy(update={"steps": cfg.steps}) != cfg:
-        diff = {k: (v, getattr(cfg, k)) for k, v in saved.model_dump().items() if k != "steps" and v != getattr(cfg, k)}
-        raise ValueError(f"{path} was written by a run with other options {diff} (saved, requested); use another --out or the same options")
+    state = load_checkpoint(path, cfg, steps_option)
     if state.get("geometry", geometry) != geometry:
         raise ValueError(f"{path} was written for another model (geometry {state['geometry']}, this model {geometry})")
-    if int(state["step"]) > cfg.steps:
-        raise ValueError(f"{path} is at step {state['step']}, beyond {steps_option} {cfg.steps}; ask for at least {state['step']} steps")
     return state

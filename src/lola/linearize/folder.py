@@ -16,6 +16,7 @@ A folder holds:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,10 @@ FEATURE_MAPS_FILE = "feature_maps.safetensors"
 CONFIG_FILE = "lola_config.json"
 REPORT_FILE = "report.json"
 FORMAT = "lola-feature-maps"
+
+GEOMETRY_KEYS = ("num_layers", "num_heads", "num_kv_heads", "head_dim")
+# The LoLCATs names of a layer's tensors (as lola.integrations.transformers.lolcats reads them).
+_TENSOR_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(feature_map_q\.mlp\.layer|feature_map_k\.mlp\.layer|feature_map_q\.mlp\.bias|feature_map_k\.mlp\.bias|window_factors)$")
 
 # Fields of LoLAConfig that the trained maps fix; budgets and policies stay the user's choice.
 TRAINED_FIELDS = ("feature_map", "feature_dim", "mixing", "affine")
@@ -114,9 +119,15 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
     """Read a folder written by ``lola linearize``, or the maps shipped under a registered name
     (:mod:`lola.linearize.shipped`, e.g. ``"smollm2-135m-instruct"``).
 
+    Everything is checked before a model is touched: the description's keys, the tensors of
+    every layer of its geometry (none missing, none extra, shapes ``[H, D, f]`` and finite
+    values).
+
     Raises:
         FileNotFoundError: the folder or one of its two files is missing.
-        ValueError: ``lola_config.json`` is not a lola feature-map description.
+        ValueError: a file is truncated or garbled, ``lola_config.json`` is not a lola
+            feature-map description or lacks a key, or the tensors do not cover the layers it
+            describes (each message names the file and the key).
     """
     from lola.linearize.shipped import resolve_feature_maps
 
@@ -129,29 +140,120 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
     for name in (FEATURE_MAPS_FILE, CONFIG_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"feature_maps folder {str(folder)!r} has no {name}: is it the --out folder of a finished `lola linearize` run?")
-    try:
-        meta = json.loads((folder / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{folder / CONFIG_FILE} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{folder / CONFIG_FILE} is not a lola feature-map description (format {FORMAT!r})")
-    missing = [k for k in ("lola_config", "geometry") if k not in meta]
-    if missing:
-        raise ValueError(f"{folder / CONFIG_FILE} lacks {missing}")
+    meta_path = folder / CONFIG_FILE
+    meta = _read_description(meta_path)
+    config = _description_config(meta, meta_path)
+    geometry = _description_geometry(meta, meta_path)
     lora = lora_spec = None
     if meta.get("lora") is not None:
+        lora_spec = _description_lora(meta, meta_path)
         if not (folder / LORA_FILE).is_file():
             raise FileNotFoundError(f"feature_maps folder {str(folder)!r} describes LoRA adapters but has no {LORA_FILE}")
-        lora_spec = LoraSpec.model_validate(meta["lora"])
         lora = _load(folder / LORA_FILE)
-    return FeatureMaps(
-        config=LoLAConfig.model_validate(meta["lola_config"]),
-        geometry=dict(meta["geometry"]),
-        tensors=_load(folder / FEATURE_MAPS_FILE),
-        path=str(folder),
-        lora=lora,
-        lora_spec=lora_spec,
-    )
+        _check_finite(lora, folder / LORA_FILE)
+    tensors = _load(folder / FEATURE_MAPS_FILE)
+    check_tensors(tensors, geometry, folder / FEATURE_MAPS_FILE)
+    return FeatureMaps(config=config, geometry=geometry, tensors=tensors, path=str(folder), lora=lora, lora_spec=lora_spec)
+
+
+def _read_description(path: Path) -> dict:
+    """``lola_config.json`` as a dict with lola's format marker, version 1 and both required keys."""
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a text file ({e.reason} at byte {e.start}); write it again with `lola linearize`") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (truncated or garbled? {e}); write it again with `lola linearize`") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a lola feature-map description (format {FORMAT!r})")
+    if meta.get("version") != 1:
+        raise ValueError(f"{path}: version must be 1, got {meta.get('version')!r} (written by another version of lola?)")
+    missing = [k for k in ("lola_config", "geometry") if k not in meta]
+    if missing:
+        raise ValueError(f"{path} lacks the key {missing[0]!r}; write it again with `lola linearize`")
+    return meta
+
+
+def _description_config(meta: dict, path: Path) -> LoLAConfig:
+    """The ``lola_config`` entry as a validated :class:`~lola.LoLAConfig`, errors naming ``path``."""
+    from pydantic import ValidationError
+
+    from lola.config import validation_summary
+
+    if not isinstance(meta["lola_config"], dict):
+        raise ValueError(f"{path}: lola_config must be a mapping of LoLAConfig fields, got {meta['lola_config']!r}")
+    try:
+        return LoLAConfig.model_validate(meta["lola_config"])
+    except ValidationError as err:
+        raise ValueError(f"{path}: lola_config: {validation_summary(err)}") from None
+
+
+def _description_geometry(meta: dict, path: Path) -> dict:
+    """The ``geometry`` entry: ``num_layers, num_heads, num_kv_heads, head_dim``, each an int >= 1."""
+    geometry = meta["geometry"]
+    if not isinstance(geometry, dict):
+        raise ValueError(f"{path}: geometry must be a mapping of {', '.join(GEOMETRY_KEYS)}, got {geometry!r}")
+    for key in GEOMETRY_KEYS:
+        if key not in geometry:
+            raise ValueError(f"{path}: geometry lacks {key!r}")
+        value = geometry[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{path}: geometry.{key} must be an int >= 1, got {value!r}")
+    if geometry["num_heads"] % geometry["num_kv_heads"]:
+        raise ValueError(f"{path}: geometry.num_heads ({geometry['num_heads']}) must be a multiple of geometry.num_kv_heads ({geometry['num_kv_heads']})")
+    return dict(geometry)
+
+
+def _description_lora(meta: dict, path: Path) -> LoraSpec:
+    """The ``lora`` entry as a validated :class:`~lola.linearize.lora.LoraSpec`."""
+    from pydantic import ValidationError
+
+    from lola.config import validation_summary
+
+    try:
+        return LoraSpec.model_validate(meta["lora"])
+    except ValidationError as err:
+        raise ValueError(f"{path}: lora: {validation_summary(err)}") from None
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], geometry: dict, path: str | Path) -> None:
+    """Refuse feature-map tensors that do not cover every layer of ``geometry`` exactly.
+
+    Every layer ``0 … num_layers − 1`` needs ``feature_map_q.mlp.layer`` and
+    ``feature_map_k.mlp.layer`` (``[H, D, f]``) and ``window_factors`` (``H`` values); no other
+    tensor may be present, and all values must be finite. Errors name ``path``.
+    """
+    by_layer: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        m = _TENSOR_KEY.search(key)
+        if m is None:
+            raise ValueError(f"{path} holds {key!r}, which is not a feature-map tensor (layers.{{i}}.self_attn.feature_map_q.mlp.layer, …, window_factors)")
+        by_layer.setdefault(int(m.group(1)), {})[m.group(2)] = tensor
+    layers, heads, head_dim = geometry["num_layers"], geometry["num_heads"], geometry["head_dim"]
+    extra = sorted(i for i in by_layer if i >= layers)
+    if extra:
+        raise ValueError(f"{path} holds tensors for layers {extra}, beyond the {layers} layers of its geometry")
+    missing = [i for i in range(layers) if i not in by_layer]
+    if missing:
+        raise ValueError(f"{path} has no tensors for layers {missing} of {layers}: a partial or damaged folder; write it again with `lola linearize`")
+    for i, found in sorted(by_layer.items()):
+        lacking = sorted({"feature_map_q.mlp.layer", "feature_map_k.mlp.layer", "window_factors"} - found.keys())
+        if lacking:
+            raise ValueError(f"{path}: layer {i} lacks {lacking}")
+        for side in ("q", "k"):
+            w = found[f"feature_map_{side}.mlp.layer"]
+            if w.dim() != 3 or tuple(w.shape[:2]) != (heads, head_dim):
+                raise ValueError(f"{path}: layer {i} feature_map_{side}.mlp.layer is {tuple(w.shape)}, expected [{heads}, {head_dim}, f] by its geometry")
+        if found["window_factors"].numel() != heads:
+            raise ValueError(f"{path}: layer {i} window_factors has {found['window_factors'].numel()} values, expected {heads} (one per head)")
+    _check_finite(tensors, path)
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Refuse tensors holding inf or NaN (they would silently turn every output into NaN)."""
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{path}: tensor {key!r} holds non-finite values (inf or NaN)")
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:

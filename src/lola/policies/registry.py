@@ -88,7 +88,10 @@ def get(name: str) -> PolicyFactory:
 
     Raises:
         KeyError: naming the valid policies.
+        TypeError: ``name`` is not a string.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"policy name must be a string, got {name!r} ({type(name).__name__})")
     if name not in _REGISTRY:
         _load_entry_points()
     if name not in _REGISTRY:

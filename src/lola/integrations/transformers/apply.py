@@ -13,6 +13,7 @@ from lola.integrations.transformers.applied import AppliedLoLA
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
 from lola.integrations.transformers.generation import install_generation_hook, remove_generation_hook
 from lola.integrations.transformers.pretrained import CONFIG_KEY, config_entry
+from lola.integrations.transformers.support import check_architecture
 from lola.layer import LoLAAttention, compose
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +43,7 @@ def _geometry(module: torch.nn.Module) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
-def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None) -> torch.nn.Module:
+def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None, *, force: bool = False) -> torch.nn.Module:
     """Make every attention layer of ``model`` a LoLA layer (in place; returns ``model``).
 
     Each attention module gets a ``lola`` submodule (:class:`lola.LoLAAttention`: feature maps
@@ -65,12 +66,18 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
             :func:`remove_lola`). A registered name (``"smollm2-135m-instruct"``) loads the
             maps shipped with lola (:mod:`lola.linearize.shipped`). Refused with a ``ValueError`` if it was trained for a
             model of another shape or ``config`` sets a conflicting feature map.
+        force: apply LoLA even to an architecture whose attention it does not reproduce. By
+            default such a model is refused with a ``ValueError`` saying why (soft-capped
+            logits as in Gemma 2, ALiBi, learned attention sinks, no rotary embeddings, or a
+            ``model_type`` not in ``lola.integrations.transformers.support.VERIFIED_MODEL_TYPES``).
     """
     config = LoLAConfig() if config is None else config
     if not isinstance(config, LoLAConfig):
         raise TypeError(f"config must be a lola.LoLAConfig, got {type(config).__name__}")
     if getattr(model, "_lola", None) is not None:
         raise ValueError("LoLA is already applied to this model; call remove_lola(model) first")
+    if not force:
+        check_architecture(model)
     maps = None
     if feature_maps is not None:
         from lola.linearize.folder import FeatureMaps, check_geometry, read_feature_maps
@@ -154,12 +161,12 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextmanager
-def patch(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None) -> Iterator[torch.nn.Module]:
+def patch(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None, *, force: bool = False) -> Iterator[torch.nn.Module]:
     """``with lola.patch(model, cfg):`` — :func:`apply_lola` on entry, :func:`remove_lola` on exit.
 
     The model is restored even if the body raises. Yields ``model``.
     """
-    apply_lola(model, config, feature_maps=feature_maps)
+    apply_lola(model, config, feature_maps=feature_maps, force=force)
     try:
         yield model
     finally:

@@ -1,0 +1,84 @@
+"""Which transformers architectures LoLA reproduces, and the check :func:`apply_lola` runs.
+
+LoLA's attention function receives the projected, normalised and rotated queries, keys and
+values of a layer and computes softmax attention over its memories (plus the linear state).
+With a window that covers the whole sequence it must give the stock model's output; that
+holds when the model's attention is plain causal softmax of ``q·k · scaling``. It does not hold
+for attention that soft-caps its logits (Gemma 2), adds position biases (ALiBi), has learned
+attention sinks (gpt-oss), or scales queries before the attention function while passing
+another ``scaling`` (OPT). Architectures are therefore allowed by name, each checked on a tiny
+random model (stock logits equal to LoLA's with nothing evicted), and refused otherwise unless
+the caller passes ``force=True``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["VERIFIED_MODEL_TYPES", "check_architecture", "unsupported_reason"]
+
+# model_type values whose attention LoLA reproduces (checked with transformers 5.24: logits of
+# a tiny random model with LoLA, window >= sequence, softmax_only, equal the stock ones).
+VERIFIED_MODEL_TYPES = frozenset(
+    {
+        "apertus", "arcee", "cohere", "cohere2", "exaone4", "gemma", "gemma2", "gemma3_text", "glm", "glm4",
+        "granite", "granitemoe", "helium", "llama", "ministral", "mistral", "mixtral", "nemotron", "olmo",
+        "olmo2", "olmo3", "phi", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "stablelm",
+        "starcoder2",
+    }
+)
+
+
+def _softcap_reason(config: object) -> str | None:
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        return f"soft-caps its attention logits (attn_logit_softcapping={softcap}), which LoLA does not"
+    return None
+
+
+def _alibi_reason(config: object) -> str | None:
+    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", None) == "alibi":
+        return "adds ALiBi position biases to its attention logits, which LoLA does not"
+    return None
+
+
+def _sinks_reason(model: torch.nn.Module) -> str | None:
+    for module in model.modules():
+        if all(hasattr(module, a) for a in ("q_proj", "k_proj", "v_proj")) and isinstance(getattr(module, "sinks", None), torch.Tensor):
+            return "has learned attention sinks (extra softmax logits per head), which LoLA does not"
+    return None
+
+
+def _rotary_reason(model: torch.nn.Module) -> str | None:
+    if not any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
+        return "has no rotary position embeddings (LoLA's policies and feature maps assume RoPE-rotated keys)"
+    return None
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why LoLA would not reproduce ``model``'s attention, or ``None`` if it does.
+
+    Checks, in order: logit soft-capping, ALiBi, learned attention sinks, rotary embeddings,
+    and finally whether ``model.config.model_type`` is in :data:`VERIFIED_MODEL_TYPES`.
+    """
+    config = getattr(model, "config", None)
+    for reason in (_softcap_reason(config), _alibi_reason(config), _sinks_reason(model), _rotary_reason(model)):
+        if reason is not None:
+            return reason
+    model_type = getattr(config, "model_type", None)
+    if model_type not in VERIFIED_MODEL_TYPES:
+        return f"is not an architecture whose attention LoLA is verified to reproduce (verified model_type values: {', '.join(sorted(VERIFIED_MODEL_TYPES))})"
+    return None
+
+
+def check_architecture(model: torch.nn.Module) -> None:
+    """Refuse a model whose attention LoLA does not reproduce (see :func:`unsupported_reason`).
+
+    Raises:
+        ValueError: naming the model, its ``model_type`` and the reason; ``apply_lola(...,
+            force=True)`` skips this check.
+    """
+    reason = unsupported_reason(model)
+    if reason is not None:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        raise ValueError(f"{type(model).__name__} (model_type {model_type!r}) {reason}: LoLA would change its outputs; pass force=True to apply it anyway")

@@ -90,3 +90,66 @@ def test_loading_a_cache_for_another_config_is_refused(tmp_path):
     (tmp_path / "c" / "cache.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="does not hold a lola cache"):
         LoLACache.load(tmp_path / "c", model)
+
+
+def _saved_cache(tmp_path, model):
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(torch.randint(0, 101, (1, 30)), cache=cache)
+    cache.save(tmp_path / "c")
+    return tmp_path / "c"
+
+
+def test_a_cache_for_other_weights_or_feature_maps_is_refused(tmp_path):
+    model = apply_lola(tiny("llama"), SMALL)
+    folder = _saved_cache(tmp_path, model)
+    LoLACache.load(folder, model)  # the same model: fine
+    with torch.no_grad():
+        model.model.layers[1].self_attn.lola.window_factors.add_(0.5)  # other trained LoLA weights
+    with pytest.raises(ValueError, match=r"other weights or feature maps.*\['weights'\]"):
+        LoLACache.load(folder, model)
+    other = apply_lola(tiny("llama"), SMALL)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.01)  # same shapes and config, other model weights
+    with pytest.raises(ValueError, match="weights"):
+        LoLACache.load(folder, other)
+
+
+@pytest.mark.parametrize("lengths", [[-50, -50], [5000, 5000], [30], "30"])
+def test_edited_lengths_are_refused(tmp_path, lengths):
+    model = apply_lola(tiny("llama"), SMALL)
+    folder = _saved_cache(tmp_path, model)
+    meta = json.loads((folder / "cache.json").read_text())
+    meta["cumulative_lengths"] = lengths
+    (folder / "cache.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="cache.json does not match its own checksum"):
+        LoLACache.load(folder, model)
+
+
+def test_damaged_files_are_named(tmp_path):
+    model = apply_lola(tiny("llama"), SMALL)
+    folder = _saved_cache(tmp_path, model)
+    weights = (folder / "cache.safetensors").read_bytes()
+    (folder / "cache.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(ValueError, match=r"cache.safetensors does not match the checksum"):
+        LoLACache.load(folder, model)
+    (folder / "cache.json").write_text('{"format": "lola-cache/1", "fingerp')
+    with pytest.raises(ValueError, match=r"cache.json is not valid JSON"):
+        LoLACache.load(folder, model)
+    (folder / "cache.json").unlink()
+    with pytest.raises(ValueError, match=r"cache.json is missing"):
+        LoLACache.load(folder, model)
+
+
+def test_a_damaged_state_with_a_valid_checksum_is_still_checked(tmp_path):
+    """Lengths below what a state has seen are refused even when the files agree with their checksums."""
+    from lola.integrations.transformers.cache import _meta_checksum
+
+    model = apply_lola(tiny("llama"), SMALL)
+    folder = _saved_cache(tmp_path, model)
+    meta = json.loads((folder / "cache.json").read_text())
+    meta["cumulative_lengths"] = [3, 3]
+    meta["checksum"] = _meta_checksum(meta)
+    (folder / "cache.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"cumulative_lengths\[0\] = 3 is less than the 30 tokens"):
+        LoLACache.load(folder, model)

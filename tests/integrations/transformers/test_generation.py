@@ -95,3 +95,20 @@ def test_patch_applies_and_always_removes():
             raise RuntimeError("boom")
     assert getattr(model, "_lola", None) is None
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_text_generation_pipeline_gets_a_lola_cache():
+    from transformers import pipeline
+
+    from lola.integrations.lm_eval.model import byte_tokenizer
+
+    tok = byte_tokenizer()
+    model = apply_lola(tiny("llama", vocab_size=256), SMALL)
+    prompt = "The pass key is 71432. Remember it. " * 2
+    generator = pipeline("text-generation", model=model, tokenizer=tok)
+    text = generator(prompt, max_new_tokens=12, do_sample=False, return_full_text=False)[0]["generated_text"]
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False, cache=LoLACache(model))
+    assert text == tok.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+    assert ids.shape[1] > SMALL.exact_budget  # long enough for LoLA to evict

@@ -180,6 +180,7 @@ class LoLACache(Cache):
             "cumulative_lengths": lengths,
             "sha256": _sha256(weights),
         }
+        meta["checksum"] = _meta_checksum(meta)
         with open(os.path.join(directory, "cache.json"), "w") as f:
             json.dump(meta, f, indent=2)
 
@@ -207,6 +208,8 @@ class LoLACache(Cache):
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
             raise ValueError(f"{directory} does not hold a lola cache (format {found!r}, expected {_FORMAT!r})")
+        if meta.get("checksum") != _meta_checksum(meta):
+            raise ValueError(f"{meta_path} does not match its own checksum: the file was edited or damaged")
         if meta.get("sha256") != _sha256(weights):
             raise ValueError(f"{weights} does not match the checksum in {meta_path}: the file is damaged or was changed")
         saved = meta.get("fingerprint")
@@ -239,6 +242,12 @@ class LoLACache(Cache):
                 layer.state = state
                 layer.is_initialized = True
         return cache
+
+
+def _meta_checksum(meta: dict) -> str:
+    """sha256 of ``cache.json``'s content (its ``checksum`` entry left out), in canonical JSON."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _sha256(path: str) -> str:

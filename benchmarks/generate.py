@@ -69,7 +69,7 @@ def main() -> None:
     lola_rows = run(model, ids, contexts, args.decode, lambda: LoLACache(model), lambda c: c.nbytes())
     remove_lola(model)
 
-    print(f"\n| context | stock ms/token | lola ms/token | stock cache MiB | lola cache MiB |")
+    print("\n| context | stock ms/token | lola ms/token | stock cache MiB | lola cache MiB |")
     print("|---:|---:|---:|---:|---:|")
     for (c, ts, bs), (_, tl, bl) in zip(stock, lola_rows):
         print(f"| {c} | {ts:.1f} | {tl:.1f} | {bs / 2**20:.1f} | {bl / 2**20:.2f} |")

@@ -33,8 +33,17 @@ except ImportError:  # running from a checkout without installing
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 OPS = ("chunk_linear_attention", "softmax_partial", "self_recall_error", "decode_step")
-PEAK_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100 80GB HBM3": 3350.0, "H100 PCIe": 2000.0,
-             "H100": 3350.0, "A100-SXM4-80GB": 2039.0, "A100": 1555.0, "L40S": 864.0, "4090": 1008.0}
+PEAK_GBPS = {
+    "H200": 4800.0,
+    "H100 SXM": 3350.0,
+    "H100 80GB HBM3": 3350.0,
+    "H100 PCIe": 2000.0,
+    "H100": 3350.0,
+    "A100-SXM4-80GB": 2039.0,
+    "A100": 1555.0,
+    "L40S": 864.0,
+    "4090": 1008.0,
+}
 
 
 @dataclass
@@ -83,9 +92,12 @@ def softmax_case(B, H, Hs, L, N, D, dtype, device) -> Case:
     g = dict(dtype=dtype, device=device)
     it = torch.finfo(dtype).bits // 8
     args = dict(
-        q=torch.randn(B, H, L, D, **g), k=torch.randn(B, Hs, N, D, **g), v=torch.randn(B, Hs, N, D, **g),
+        q=torch.randn(B, H, L, D, **g),
+        k=torch.randn(B, Hs, N, D, **g),
+        v=torch.randn(B, Hs, N, D, **g),
         q_pos=(N - L + torch.arange(L, device=device)).expand(B, L).contiguous(),
-        k_pos=torch.arange(N, device=device).expand(B, Hs, N).contiguous(), scale=D**-0.5,
+        k_pos=torch.arange(N, device=device).expand(B, Hs, N).contiguous(),
+        scale=D**-0.5,
     )
     nbytes = (B * H * L * D + 2 * B * Hs * N * D) * it + 8 * (B * L + B * Hs * N) + 4 * B * H * L * (D + 2)
     return Case("softmax_partial", f"B={B} H={H} Hs={Hs} L={L} N={N} D={D}", args, B * L, nbytes, 4.0 * B * H * L * N * D)
@@ -95,8 +107,7 @@ def sre_case(B, H, N, F, D, dtype, device) -> Case:
     g = dict(dtype=dtype, device=device)
     it = torch.finfo(dtype).bits // 8
     f32 = dict(dtype=torch.float32, device=device)
-    args = dict(fk=torch.rand(B, H, N, F, **g), v=torch.randn(B, H, N, D, **g),
-                H=torch.randn(B, H, F, D, **f32), s=torch.rand(B, H, F, **f32) + 1)
+    args = dict(fk=torch.rand(B, H, N, F, **g), v=torch.randn(B, H, N, D, **g), H=torch.randn(B, H, F, D, **f32), s=torch.rand(B, H, F, **f32) + 1)
     nbytes = B * H * N * (F + D) * it + 4 * B * H * (F * D + F + N)
     return Case("self_recall_error", f"B={B} H={H} N={N} F={F} D={D}", args, B * N, nbytes, 2.0 * B * H * N * F * D)
 
@@ -106,10 +117,16 @@ def decode_case(B, H, Hs, N, D, F, dtype, device, mixing="lola_authors") -> Case
     it = torch.finfo(dtype).bits // 8
     f32 = dict(dtype=torch.float32, device=device)
     args = dict(
-        q=torch.randn(B, H, D, **g), k=torch.randn(B, Hs, N, D, **g), v=torch.randn(B, Hs, N, D, **g),
+        q=torch.randn(B, H, D, **g),
+        k=torch.randn(B, Hs, N, D, **g),
+        v=torch.randn(B, Hs, N, D, **g),
         k_pos=torch.arange(N, device=device).expand(B, Hs, N).contiguous(),
-        fq=torch.rand(B, H, F, **g) / F, H=torch.randn(B, H, F, D, **f32), s=torch.rand(B, H, F, **f32) + 1,
-        gate=torch.rand(H, **f32), mixing=mixing, scale=D**-0.5,
+        fq=torch.rand(B, H, F, **g) / F,
+        H=torch.randn(B, H, F, D, **f32),
+        s=torch.rand(B, H, F, **f32) + 1,
+        gate=torch.rand(H, **f32),
+        mixing=mixing,
+        scale=D**-0.5,
     )
     nbytes = (B * H * (D + F) + 2 * B * Hs * N * D) * it + 8 * B * Hs * N + 4 * B * H * (F * D + F + D) + 4 * H
     flops = 4.0 * B * H * N * D + 2.0 * B * H * F * D
@@ -232,10 +249,7 @@ def main(argv=None) -> int:
     else:
         notes.append("CPU run: only the PyTorch reference is timed (Triton runs only in its interpreter here).")
 
-    dev_name = (
-        torch.cuda.get_device_name(device) if on_gpu
-        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
-    )
+    dev_name = torch.cuda.get_device_name(device) if on_gpu else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
     try:
         import triton
 
@@ -246,8 +260,7 @@ def main(argv=None) -> int:
         f"## lola kernels benchmark ({'quick' if args.quick else 'full'} grid)",
         "",
         f"device: {device.type} ({dev_name}), torch {torch.__version__}, triton {triton_version}, "
-        f"inputs {args.dtype}, median of {repeats} after {warmup} warmup"
-        + (f", peak bandwidth {peak:.0f} GB/s" if peak else ""),
+        f"inputs {args.dtype}, median of {repeats} after {warmup} warmup" + (f", peak bandwidth {peak:.0f} GB/s" if peak else ""),
         "",
     ]
     lines += [f"> {n}" for n in notes] + ([""] if notes else [])

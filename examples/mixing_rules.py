@@ -22,12 +22,12 @@ def main() -> None:
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=20, do_sample=False)
     print(f"prompt: {ids.shape[1]} tokens")
-    print(f"{'full':<14}{tok.decode(out[0, ids.shape[1]:])!r}")
+    print(f"{'full':<14}{tok.decode(out[0, ids.shape[1] :])!r}")
     for mixing in ("lolcats", "lola_authors", "softmax_only"):
         apply_lola(model, lola.LoLAConfig(window=64, sparse_size=64, sinks=4, mixing=mixing))
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=20, do_sample=False, cache=LoLACache(model))
-        print(f"{mixing:<14}{tok.decode(out[0, ids.shape[1]:])!r}")
+        print(f"{mixing:<14}{tok.decode(out[0, ids.shape[1] :])!r}")
         remove_lola(model)
 
 

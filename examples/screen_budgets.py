@@ -73,7 +73,10 @@ def main() -> None:
         haystack = " ".join(topics.values())
     model, tok = lola.models.load("smollm2-135m-instruct")
     scores = torch.tensor(lola.budgets.load("smollm2-135m-instruct").scores)
-    prompts = [make_sample(tok, "niah_single_1", args.length, (i + 0.5) / args.samples, seed=args.seed * 100_003 + i, max_new_tokens=12, haystack=haystack) for i in range(args.samples)]
+    prompts = [
+        make_sample(tok, "niah_single_1", args.length, (i + 0.5) / args.samples, seed=args.seed * 100_003 + i, max_new_tokens=12, haystack=haystack)
+        for i in range(args.samples)
+    ]
     for name in (["full"] if args.full else []) + args.variants:
         cfg = None if name == "full" else variant_config(name, scores)
         if cfg is not None:

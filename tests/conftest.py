@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, Phase, settings
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 # For mutation runs: report the first failing example without shrinking it.
-settings.register_profile("no_shrink", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+settings.register_profile(
+    "no_shrink", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # Tiny tensors: one thread avoids oversubscription slowdowns on small CI machines.

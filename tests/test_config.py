@@ -10,14 +10,28 @@ def test_defaults_and_budget():
 
 
 def test_json_round_trip():
-    cfg = lola.LoLAConfig(window=32, sparse_size=16, sinks=2, chunk=8, policy="random", policy_kwargs={"seed": 3}, mixing="lola_authors", scale=0.5, gqa_storage="query_head")
+    cfg = lola.LoLAConfig(
+        window=32, sparse_size=16, sinks=2, chunk=8, policy="random", policy_kwargs={"seed": 3}, mixing="lola_authors", scale=0.5, gqa_storage="query_head"
+    )
     again = lola.LoLAConfig.model_validate_json(cfg.model_dump_json())
     assert again == cfg
 
 
 @pytest.mark.parametrize(
     "field, value",
-    [("window", -1), ("sparse_size", -3), ("sinks", -1), ("chunk", 0), ("schedule", "sometimes"), ("policy", "nope"), ("mixing", "avg"), ("feature_map", "relu"), ("scale", 0.0), ("gqa_storage", "both"), ("feature_dim", 0)],
+    [
+        ("window", -1),
+        ("sparse_size", -3),
+        ("sinks", -1),
+        ("chunk", 0),
+        ("schedule", "sometimes"),
+        ("policy", "nope"),
+        ("mixing", "avg"),
+        ("feature_map", "relu"),
+        ("scale", 0.0),
+        ("gqa_storage", "both"),
+        ("feature_dim", 0),
+    ],
 )
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(ValidationError) as err:
@@ -47,7 +61,15 @@ def test_layer_overrides_from_mapping_or_list():
     assert lola.LoLAConfig.model_validate_json(cfg.model_dump_json()) == cfg
 
 
-@pytest.mark.parametrize("overrides, match", [({0: {"window": -1}}, "window"), ({0: {"wndow": 3}}, "wndow"), ({0: {"full_attention_layers": [1]}}, "full_attention_layers"), ({-1: {"window": 3}}, "layer indices")])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({0: {"window": -1}}, "window"),
+        ({0: {"wndow": 3}}, "wndow"),
+        ({0: {"full_attention_layers": [1]}}, "full_attention_layers"),
+        ({-1: {"window": 3}}, "layer indices"),
+    ],
+)
 def test_bad_layer_overrides(overrides, match):
     with pytest.raises(ValidationError, match=match):
         lola.LoLAConfig(layer_overrides=overrides)

@@ -63,13 +63,29 @@ def _fake_members(name: str, tmp_path: Path) -> dict[str, bytes]:
     if name == "haydock":
         bible = {
             "version": {"code": "douay-rheims", "language": "en-US"},
-            "verses": {"GEN.1.2": {"order": 2, "text": "And the earth was void."}, "GEN.1.1": {"order": 1, "text": "In the beginning."}, "EXO.1.1": {"order": 3, "text": "These are the names."}},
+            "verses": {
+                "GEN.1.2": {"order": 2, "text": "And the earth was void."},
+                "GEN.1.1": {"order": 1, "text": "In the beginning."},
+                "EXO.1.1": {"order": 3, "text": "These are the names."},
+            },
         }
         commentary = {
             "source": {"code": "haydock", "language": "en-US", "translations": ["pt-BR"]},
             "entries": [
-                {"start": "GEN.1.2", "start_order": 2, "label": "2", "position": 0, "body": {"en-US": "<em>Spirit</em> of God &amp; life.", "pt-BR": "Espírito de Deus."}},
-                {"start": "GEN.1.1", "start_order": 1, "label": "1", "position": 0, "body": {"en-US": "<strong>Beginning.</strong> As St. Matthew.", "pt-BR": "Princípio."}},
+                {
+                    "start": "GEN.1.2",
+                    "start_order": 2,
+                    "label": "2",
+                    "position": 0,
+                    "body": {"en-US": "<em>Spirit</em> of God &amp; life.", "pt-BR": "Espírito de Deus."},
+                },
+                {
+                    "start": "GEN.1.1",
+                    "start_order": 1,
+                    "label": "1",
+                    "position": 0,
+                    "body": {"en-US": "<strong>Beginning.</strong> As St. Matthew.", "pt-BR": "Princípio."},
+                },
                 {"start": "GEN.1.3", "start_order": 3, "label": "3", "position": 0, "body": {"pt-BR": "Só em português."}},
             ],
         }

@@ -183,7 +183,16 @@ def test_policy_registry_refuses_bad_names(call, error, match):
 # transformers integration: arguments and architectures
 # --------------------------------------------------------------------------------------------
 
-SMALL = dict(vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, head_dim=8)
+SMALL = dict(
+    vocab_size=101,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    head_dim=8,
+)
 
 
 def tiny_model(model_type: str, **overrides):
@@ -192,7 +201,9 @@ def tiny_model(model_type: str, **overrides):
 
     kwargs = {**SMALL, **overrides}
     if model_type == "opt":
-        kwargs = dict(vocab_size=101, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32)
+        kwargs = dict(
+            vocab_size=101, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32
+        )
     if model_type == "falcon":
         kwargs = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **overrides)
     torch.manual_seed(0)
@@ -366,13 +377,32 @@ def _replace(name, data: bytes):
 
 BAD_FOLDERS = [
     ("layer 1 missing", _edit_tensors(_drop_layer(1)), "feature_maps.safetensors", r"no tensors for layers \[1\]"),
-    ("extra layer 5", _edit_tensors(lambda t: t.update({"model.layers.5.self_attn.window_factors": torch.zeros(1, 4, 1, 1)})), "feature_maps.safetensors", r"layers \[5\], beyond"),
+    (
+        "extra layer 5",
+        _edit_tensors(lambda t: t.update({"model.layers.5.self_attn.window_factors": torch.zeros(1, 4, 1, 1)})),
+        "feature_maps.safetensors",
+        r"layers \[5\], beyond",
+    ),
     ("foreign tensor", _edit_tensors(lambda t: t.update({"foo.bar": torch.zeros(2)})), "feature_maps.safetensors", "'foo.bar'"),
-    ("window factor missing", _edit_tensors(lambda t: t.pop("model.layers.0.self_attn.window_factors")), "feature_maps.safetensors", r"layer 0 lacks \['window_factors'\]"),
+    (
+        "window factor missing",
+        _edit_tensors(lambda t: t.pop("model.layers.0.self_attn.window_factors")),
+        "feature_maps.safetensors",
+        r"layer 0 lacks \['window_factors'\]",
+    ),
     ("NaN values", _edit_tensors(lambda t: t["model.layers.1.self_attn.window_factors"].fill_(math.nan)), "feature_maps.safetensors", "non-finite"),
-    ("wrong head count", _edit_tensors(lambda t: t.update({"model.layers.0.self_attn.window_factors": torch.zeros(1, 3, 1, 1)})), "feature_maps.safetensors", "window_factors has 3 values"),
-    ("wrong head_dim", _edit_tensors(lambda t: t.update({"model.layers.0.self_attn.feature_map_q.mlp.layer": torch.zeros(4, 5, F)})),
-     "feature_maps.safetensors", r"feature_map_q.mlp.layer is \(4, 5, 8\)"),
+    (
+        "wrong head count",
+        _edit_tensors(lambda t: t.update({"model.layers.0.self_attn.window_factors": torch.zeros(1, 3, 1, 1)})),
+        "feature_maps.safetensors",
+        "window_factors has 3 values",
+    ),
+    (
+        "wrong head_dim",
+        _edit_tensors(lambda t: t.update({"model.layers.0.self_attn.feature_map_q.mlp.layer": torch.zeros(4, 5, F)})),
+        "feature_maps.safetensors",
+        r"feature_map_q.mlp.layer is \(4, 5, 8\)",
+    ),
     ("no geometry", _edit_description(lambda m: m.pop("geometry")), "lola_config.json", "lacks the key 'geometry'"),
     ("no lola_config", _edit_description(lambda m: m.pop("lola_config")), "lola_config.json", "lacks the key 'lola_config'"),
     ("geometry not a mapping", _edit_description(lambda m: m.update(geometry=5)), "lola_config.json", "geometry must be a mapping"),
@@ -453,7 +483,7 @@ BAD_OPTIONS = [
 
 def _option_id(argv: list[str]) -> str:
     """``niah --lengths 256 256`` for ``[*NIAH, "--lengths", "256", "256"]``."""
-    return " ".join(argv[:1] + argv[len(NIAH):] if argv[:1] == ["niah"] else argv)
+    return " ".join(argv[:1] + argv[len(NIAH) :] if argv[:1] == ["niah"] else argv)
 
 
 @pytest.mark.parametrize("argv, fragments", BAD_OPTIONS, ids=[_option_id(a) for a, _ in BAD_OPTIONS])
@@ -519,7 +549,11 @@ FOREIGN_FOLDERS = [
     ("binary results.json", {"results.json": b"\x89PNG\r\n"}, ["results.json is not a lola niah results file: not UTF-8"]),
     ("a plot without results", {"accuracy.png": b"\x89PNG..."}, ["holds accuracy.png but no lola results.json"]),
     ("samples without results", {"samples.jsonl": b"{}\n"}, ["holds samples.jsonl but no lola results.json"]),
-    ("truncated samples.jsonl", {"results.json": RESULTS, "samples.jsonl": (json.dumps(SAMPLE) + "\n" + json.dumps(SAMPLE)[:30]).encode()}, ["samples.jsonl: line 2 is not a complete JSON record", "delete that line"]),
+    (
+        "truncated samples.jsonl",
+        {"results.json": RESULTS, "samples.jsonl": (json.dumps(SAMPLE) + "\n" + json.dumps(SAMPLE)[:30]).encode()},
+        ["samples.jsonl: line 2 is not a complete JSON record", "delete that line"],
+    ),
     ("foreign samples.jsonl line", {"results.json": RESULTS, "samples.jsonl": b'{"id": 3}\n'}, ["samples.jsonl: line 1 is not a lola niah sample"]),
     ("a different run", {"results.json": _results_with(samples=3)}, ["holds a different run"]),
     ("a run this version refuses", {"results.json": _results_with(window=True)}, ["holds a run this version of lola refuses", "window"]),

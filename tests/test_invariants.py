@@ -114,7 +114,13 @@ def test_invariant1_nothing_evicted_is_exact_softmax(shape, window, sinks, chunk
 
 # 2 -----------------------------------------------------------------------------------------------
 @settings(max_examples=30)
-@given(shape=shapes(), mixing=st.sampled_from(["lolcats", "lola_authors"]), schedule=st.sampled_from(["tokenwise", "chunk1"]), fmap=st.sampled_from(FEATURE_MAPS), seed=st.integers(0, 2**16))
+@given(
+    shape=shapes(),
+    mixing=st.sampled_from(["lolcats", "lola_authors"]),
+    schedule=st.sampled_from(["tokenwise", "chunk1"]),
+    fmap=st.sampled_from(FEATURE_MAPS),
+    seed=st.integers(0, 2**16),
+)
 def test_invariant2_no_exact_memory_is_linear_attention(shape, mixing, schedule, fmap, seed):
     b, t, h, h_kv, d = shape
     sched = dict(schedule="tokenwise") if schedule == "tokenwise" else dict(schedule="chunkwise", chunk=1)
@@ -149,7 +155,9 @@ def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, 
     with torch.no_grad():
         fq = attn.feature_map_q(q.transpose(1, 2)).transpose(1, 2)
         gate = torch.sigmoid(attn.window_factors).view(-1)
-        ref = lolcats_hybrid(q, repeat_kv(k, g), repeat_kv(v, g), fq, key_features(attn, k), hybrid_exact_mask(t, window, sinks, chunk), gate, attn.scale, affine)
+        ref = lolcats_hybrid(
+            q, repeat_kv(k, g), repeat_kv(v, g), fq, key_features(attn, k), hybrid_exact_mask(t, window, sinks, chunk), gate, attn.scale, affine
+        )
         o_par, _ = attn(q, k, v)
         o_rec, _ = run_split(attn, q, k, v, list(range(1, t)))
     assert_rel_close(ref, o_par, 1e-5, "chunk-parallel")
@@ -158,7 +166,9 @@ def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, 
 
 # 4 -----------------------------------------------------------------------------------------------
 @settings(max_examples=25)
-@given(shape=shapes(), window=st.integers(0, 8), sparse=st.integers(0, 8), sinks=st.integers(0, 2), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**16))
+@given(
+    shape=shapes(), window=st.integers(0, 8), sparse=st.integers(0, 8), sinks=st.integers(0, 2), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**16)
+)
 def test_invariant4_chunkwise_one_equals_tokenwise(shape, window, sparse, sinks, policy, seed):
     b, t, h, h_kv, d = shape
     common = dict(window=window, sparse_size=sparse, sinks=sinks, policy=policy)

@@ -12,7 +12,11 @@ CFG = lola.LoLAConfig(window=4, sparse_size=4, sinks=2, chunk=3)
 
 def inputs(b=2, t=20, h=4, h_kv=2, d=8, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, t, h, d, generator=g).to(dtype), torch.randn(b, t, h_kv, d, generator=g).to(dtype), torch.randn(b, t, h_kv, d, generator=g).to(dtype))
+    return (
+        torch.randn(b, t, h, d, generator=g).to(dtype),
+        torch.randn(b, t, h_kv, d, generator=g).to(dtype),
+        torch.randn(b, t, h_kv, d, generator=g).to(dtype),
+    )
 
 
 @pytest.fixture
@@ -87,7 +91,12 @@ def test_query_head_storage_costs_group_times_more_exact_bytes():
 
 def test_custom_cache_from_parts():
     memory = lambda: lola.LoLAMemory(  # noqa: E731
-        sinks=SinkTokens(1), window=SlidingWindow(3, max_pending=2), sparse=SparseCache(2), linear=LinearState(), policy=SelfRecallError(eps=1e-4), schedule=Chunkwise(2)
+        sinks=SinkTokens(1),
+        window=SlidingWindow(3, max_pending=2),
+        sparse=SparseCache(2),
+        linear=LinearState(),
+        policy=SelfRecallError(eps=1e-4),
+        schedule=Chunkwise(2),
     )
     from lola.feature_maps import EluFeatureMap
 

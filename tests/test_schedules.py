@@ -1,6 +1,12 @@
+import sys
+import textwrap
+from dataclasses import dataclass
+
 import pytest
 import torch
 
+import lola
+from lola import schedules
 from lola.schedules import Chunkwise, Tokenwise, UpdateSchedule
 
 
@@ -28,12 +34,6 @@ def test_protocol():
 
 
 # -- the registry and the entry-point group ----------------------------------------------------
-import sys  # noqa: E402
-import textwrap  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import lola  # noqa: E402
-from lola import schedules  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,16 @@ def test_unknown_schedules_and_bad_factories_are_refused():
 
 
 def test_entry_point_route(tmp_path, monkeypatch):
-    (tmp_path / "thirdparty_schedule.py").write_text(textwrap.dedent(
-        """
+    (tmp_path / "thirdparty_schedule.py").write_text(
+        textwrap.dedent(
+            """
         from lola.schedules import Chunkwise
 
         def doubled(chunk):
             return Chunkwise(2 * chunk)
         """
-    ))
+        )
+    )
     dist = tmp_path / "thirdparty_schedule-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-schedule\nVersion: 1.0\n")

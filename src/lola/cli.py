@@ -45,12 +45,41 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-NIAH_FIELDS = ("model", "task", "lengths", "samples", "methods", "policies", "window", "sparse_size", "sinks", "chunk", "mixing", "feature_maps",
-               "max_new_tokens", "seed", "haystack_file", "needle", "question", "answer_prefix", "budgets")
+NIAH_FIELDS = (
+    "model",
+    "task",
+    "lengths",
+    "samples",
+    "methods",
+    "policies",
+    "window",
+    "sparse_size",
+    "sinks",
+    "chunk",
+    "mixing",
+    "feature_maps",
+    "max_new_tokens",
+    "seed",
+    "haystack_file",
+    "needle",
+    "question",
+    "answer_prefix",
+    "budgets",
+)
 
 
 def _niah(args: argparse.Namespace) -> int:
-    from lola.eval.runner import SAMPLES_FILE, NiahRun, check_out_folder, format_depth_summary, format_intervals, format_summary, run_niah, summarize, summarize_by_depth
+    from lola.eval.runner import (
+        SAMPLES_FILE,
+        NiahRun,
+        check_out_folder,
+        format_depth_summary,
+        format_intervals,
+        format_summary,
+        run_niah,
+        summarize,
+        summarize_by_depth,
+    )
 
     options = _read_config(args.config) if args.config else {}
     options.update({f: getattr(args, f) for f in NIAH_FIELDS if getattr(args, f) is not None})
@@ -106,12 +135,38 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any) -> None:
 def _linearize(args: argparse.Namespace) -> int:
     from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
 
-    stage1 = {"window": "window", "feature_map": "feature_map", "feature_dim": "feature_dim", "mixing": "mixing", "steps": "steps", "lr": "lr",
-              "chunk_tokens": "chunk_tokens", "train_chunks": "train_chunks", "eval_chunks": "eval_chunks", "text": "text",
-              "checkpoint_every": "checkpoint_every", "seed": "seed", "batch": "batch", "device": "device"}
-    stage2 = {"stage2_steps": "steps", "batch": "batch", "chunk_tokens": "seq_len", "lora_lr": "lr", "maps_lr": "maps_lr", "lora_rank": "lora_rank",
-              "lora_alpha": "lora_alpha", "ce_weight": "ce_weight", "kl_weight": "kl_weight", "eval_chunks": "eval_chunks", "text": "text",
-              "checkpoint_every": "checkpoint_every", "seed": "seed", "device": "device"}
+    stage1 = {
+        "window": "window",
+        "feature_map": "feature_map",
+        "feature_dim": "feature_dim",
+        "mixing": "mixing",
+        "steps": "steps",
+        "lr": "lr",
+        "chunk_tokens": "chunk_tokens",
+        "train_chunks": "train_chunks",
+        "eval_chunks": "eval_chunks",
+        "text": "text",
+        "checkpoint_every": "checkpoint_every",
+        "seed": "seed",
+        "batch": "batch",
+        "device": "device",
+    }
+    stage2 = {
+        "stage2_steps": "steps",
+        "batch": "batch",
+        "chunk_tokens": "seq_len",
+        "lora_lr": "lr",
+        "maps_lr": "maps_lr",
+        "lora_rank": "lora_rank",
+        "lora_alpha": "lora_alpha",
+        "ce_weight": "ce_weight",
+        "kl_weight": "kl_weight",
+        "eval_chunks": "eval_chunks",
+        "text": "text",
+        "checkpoint_every": "checkpoint_every",
+        "seed": "seed",
+        "device": "device",
+    }
     opts1 = {f: getattr(args, a) for a, f in stage1.items() if getattr(args, a) is not None}
     opts2 = {f: getattr(args, a) for a, f in stage2.items() if getattr(args, a) is not None}
     model_name = args.model
@@ -132,7 +187,9 @@ def _linearize(args: argparse.Namespace) -> int:
 
         maps = args.feature_maps or args.out
         if maps not in SHIPPED and not (Path(maps) / CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"stage 2 starts from stage-1 feature maps: {maps} has no {CONFIG_FILE} (run `lola linearize --stage 1 --out {maps}` first)")
+            raise FileNotFoundError(
+                f"stage 2 starts from stage-1 feature maps: {maps} has no {CONFIG_FILE} (run `lola linearize --stage 1 --out {maps}` first)"
+            )
         read_feature_maps(maps)
     from lola import models
     from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
@@ -165,7 +222,21 @@ def _perplexity(args: argparse.Namespace) -> int:
     from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
     from lola.outputs import check_output_file
 
-    fields = ("model", "lengths", "methods", "feature_maps", "window", "sparse_size", "sinks", "chunk", "policy", "windows", "text", "generate", "generate_windows")
+    fields = (
+        "model",
+        "lengths",
+        "methods",
+        "feature_maps",
+        "window",
+        "sparse_size",
+        "sinks",
+        "chunk",
+        "policy",
+        "windows",
+        "text",
+        "generate",
+        "generate_windows",
+    )
     run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
     if run.feature_maps is not None:
         from lola.linearize import read_feature_maps
@@ -180,8 +251,10 @@ def _perplexity(args: argparse.Namespace) -> int:
     results = run_perplexity(run, model, tok)
     from lola.data import describe
 
-    print(f"\nheld-out perplexity ({describe(run.text)}, held-out {run.heldout_fraction:.0%}; window {run.window}, sparse {run.sparse_size}, sinks {run.sinks}"
-          f"{', feature maps ' + run.feature_maps if run.feature_maps else ', untrained feature maps'})\n")
+    print(
+        f"\nheld-out perplexity ({describe(run.text)}, held-out {run.heldout_fraction:.0%}; window {run.window}, sparse {run.sparse_size}, sinks {run.sinks}"
+        f"{', feature maps ' + run.feature_maps if run.feature_maps else ', untrained feature maps'})\n"
+    )
     print(format_perplexity(results))
     if args.out:
         out = Path(args.out)
@@ -215,7 +288,17 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     model, tok = models.load(args.model)
     args.interrupted_hint = "nothing was written"
-    budgets = calibrate(model, tok, model_name=args.model, length=args.length, prompts=args.prompts, sparse_size=args.sparse_size, power=args.power, floor=args.floor, seed=args.seed)
+    budgets = calibrate(
+        model,
+        tok,
+        model_name=args.model,
+        length=args.length,
+        prompts=args.prompts,
+        sparse_size=args.sparse_size,
+        power=args.power,
+        floor=args.floor,
+        seed=args.seed,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     budgets.save(out)
     print(budgets.summary())
@@ -327,7 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--needle", help="needle template with {key} and {value} (with --question)")
     niah.add_argument("--question", help="question template with {key} (with --needle)")
     niah.add_argument("--answer-prefix", dest="answer_prefix", help="with --question: text that starts the answer, with {key}")
-    niah.add_argument("--budgets", help="sparse budgets of the lola method: auto (default: the model's shipped calibrated budgets, else uniform), uniform, a shipped name (e.g. smollm2-135m-instruct) or a `lola calibrate` file")
+    niah.add_argument(
+        "--budgets",
+        help="sparse budgets of the lola method: auto (default: the model's shipped calibrated budgets, else uniform), uniform, a shipped name (e.g. smollm2-135m-instruct) or a `lola calibrate` file",
+    )
     niah.add_argument("--batch-size", dest="batch_size", type=int, help="samples of one length generated as one left-padded batch (default 1)")
     niah.add_argument("--config", help="a JSON or YAML file of options (also `variants`: named LoLA configs to compare); command-line options override it")
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
@@ -336,9 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     lin = sub.add_parser("linearize", parents=[common], help="linearize a model: attention transfer (stage 1), then LoRA fine-tuning against it (stage 2)")
     lin.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
     lin.add_argument("--out", required=True, help="output folder (re-running resumes from its checkpoints)")
-    lin.add_argument("--stage", choices=("1", "2", "all"), default="all", help="1: attention transfer; 2: LoRA fine-tuning from the stage-1 maps in --out (or --feature-maps); all (default): both")
+    lin.add_argument(
+        "--stage",
+        choices=("1", "2", "all"),
+        default="all",
+        help="1: attention transfer; 2: LoRA fine-tuning from the stage-1 maps in --out (or --feature-maps); all (default): both",
+    )
     lin.add_argument("--feature-maps", dest="feature_maps", help="stage 2 only: the stage-1 folder to start from (default: --out)")
-    lin.add_argument("--text", nargs="+", help="training text: files, folders (.txt/.md/.rst) or corpus names (default: the default corpus, see `lola.corpora`)")
+    lin.add_argument(
+        "--text", nargs="+", help="training text: files, folders (.txt/.md/.rst) or corpus names (default: the default corpus, see `lola.corpora`)"
+    )
     lin.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, help="tokens per training sequence, both stages (default 2048)")
     lin.add_argument("--batch", type=int, help="sequences per optimizer step, over all processes under torchrun (default 1)")
     lin.add_argument("--eval-chunks", dest="eval_chunks", type=int, help="held-out sequences for the before/after report (default 2)")

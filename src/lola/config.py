@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, Strict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, field_validator, model_validator
 
 __all__ = ["LoLAConfig", "MAX_FEATURE_DIM", "MAX_HEADS", "MAX_TOKENS"]
 

@@ -320,7 +320,20 @@ def _pip_download(requirement: str, dest: Path, pip_args: tuple[str, ...] = ()) 
 
     Pip runs quietly; its output is only shown in the error when it fails.
     """
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", *pip_args, "-d", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        *pip_args,
+        "-d",
+        str(dest),
+        requirement,
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -66,7 +66,9 @@ def check_demo_args(length: object, trials: object, budget: object, prefix: str 
             why = " (4 sinks, a window and a sparse cache)" if name == "budget" else ""
             raise ValueError(f"{prefix}{name} must be an int >= {minimum}{why}, got {value!r}")
     if budget >= length:
-        raise ValueError(f"{prefix}budget ({budget}) must be smaller than {prefix}length ({length}): with every token exact, all methods find the needle and the demo shows nothing")
+        raise ValueError(
+            f"{prefix}budget ({budget}) must be smaller than {prefix}length ({length}): with every token exact, all methods find the needle and the demo shows nothing"
+        )
 
 
 def run_demo(length: int = 2048, trials: int = 8, budget: int = 128, head_dim: int = 64, vocab: int = 4, seed: int = 0) -> list[DemoResult]:

@@ -176,7 +176,9 @@ class LoLAAttention(nn.Module):
             raise ValueError(f"state lives on {state.seen.device}, got inputs on {k.device}")
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, mixing={self.mixing.value}, memory={self.new_state()!r}"
+        return (
+            f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, mixing={self.mixing.value}, memory={self.new_state()!r}"
+        )
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -194,9 +194,17 @@ def tiny_random(seed: int = 0, device: str | None = None) -> tuple[Any, Any]:
     from lola.data import ByteTokenizer
 
     config = LlamaConfig(
-        vocab_size=ByteTokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, attn_implementation="sdpa",
-        bos_token_id=None, eos_token_id=0, pad_token_id=0,
+        vocab_size=ByteTokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        attn_implementation="sdpa",
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -48,14 +48,17 @@ def test_allocation_is_proportional_to_the_powered_scores():
     assert capped.tolist() == [[150, 250], [0, 0]]  # the cap's excess goes to the other head
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(scores=torch.tensor([1.0])), "layers, kv_heads"),
-    (dict(scores=torch.tensor([[-1.0]])), ">= 0"),
-    (dict(scores=torch.tensor([[float("nan")]])), "finite"),
-    (dict(floor=300), "floor"),
-    (dict(power=-1), "power"),
-    (dict(cap=1, floor=2), "cap"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(scores=torch.tensor([1.0])), "layers, kv_heads"),
+        (dict(scores=torch.tensor([[-1.0]])), ">= 0"),
+        (dict(scores=torch.tensor([[float("nan")]])), "finite"),
+        (dict(floor=300), "floor"),
+        (dict(power=-1), "power"),
+        (dict(cap=1, floor=2), "cap"),
+    ],
+)
 def test_allocation_refuses_bad_input(bad, match):
     args = dict(scores=torch.ones(2, 2), per_head=100, power=0.5, floor=0, cap=None) | bad
     with pytest.raises(ValueError, match=match):

@@ -75,7 +75,9 @@ def test_cli_writes_budgets_that_niah_accepts(tmp_path, capsys):
 
 def test_answer_prefix_starts_the_answer(tiny):
     _, tok = tiny
-    s = make_sample(tok, "niah_single_1", 400, 0.5, 1, haystack="A b c. D e f.", needle="K {key} is {value}.", question="What is {key}?", answer_prefix=" {key} is")
+    s = make_sample(
+        tok, "niah_single_1", 400, 0.5, 1, haystack="A b c. D e f.", needle="K {key} is {value}.", question="What is {key}?", answer_prefix=" {key} is"
+    )
     assert s.text.endswith(f" {s.key} is")
     with pytest.raises(ValueError, match="answer_prefix needs a custom question"):
         make_sample(tok, "niah_single_1", 400, 0.5, 1, answer_prefix="x")

@@ -79,7 +79,16 @@ def test_variable_tracking_chain_is_in_order():
 
 def test_prose_haystack_and_own_needle():
     prose = "Alpha is first. Beta comes next! Gamma follows? Delta ends it all."
-    s = make_sample(WordTokenizer(), "niah_single_1", 300, 0.5, seed=4, haystack=prose, needle="The access code for {key} is {value}.", question="What is the access code for {key}?")
+    s = make_sample(
+        WordTokenizer(),
+        "niah_single_1",
+        300,
+        0.5,
+        seed=4,
+        haystack=prose,
+        needle="The access code for {key} is {value}.",
+        question="What is the access code for {key}?",
+    )
     assert f"The access code for {s.key} is {s.answers[0]}." in s.text
     assert "Beta comes next!" in s.text and NOISE not in s.text
     assert s.text.rstrip().endswith(f"What is the access code for {s.key}?")

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from lola.eval.perplexity import PerplexityRun, format_perplexity, perplexity_configs, run_perplexity, window_nll
 from lola.data import encode, load_text, split_text
+from lola.eval.perplexity import PerplexityRun, format_perplexity, perplexity_configs, run_perplexity, window_nll
 from lola.models import tiny_random
 
 
@@ -23,7 +23,9 @@ def test_window_nll_matches_the_model_loss():
 
 def test_a_window_covering_the_context_is_full_attention():
     model, tok = tiny_random()
-    run = PerplexityRun(model="tiny-random-llama", lengths=[64, 128], windows=2, window=128, sparse_size=0, methods=["full", "lolcats"], text=["pydoc"], generate=0)
+    run = PerplexityRun(
+        model="tiny-random-llama", lengths=[64, 128], windows=2, window=128, sparse_size=0, methods=["full", "lolcats"], text=["pydoc"], generate=0
+    )
     res = run_perplexity(run, model, tok, progress=False)
     for n in (64, 128):
         assert res["lolcats"][n]["ppl"] == pytest.approx(res["full"][n]["ppl"], rel=1e-4)

@@ -111,7 +111,19 @@ def test_batched_samples_equal_samples_run_alone(tmp_path):
     # Left-padded batches of prompts of different lengths: the same answers as one at a time.
     hay = tmp_path / "prose.txt"  # sentences of varied length: prompts of varied length
     hay.write_text(" ".join("word " * (1 + (i * 7) % 11) + "end." for i in range(200)))
-    run = NiahRun(lengths=[200, 260], samples=3, methods=["full", "window", "lola"], policies=["sre", "expected_attention"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=4, haystack_file=str(hay), budgets="uniform")
+    run = NiahRun(
+        lengths=[200, 260],
+        samples=3,
+        methods=["full", "window", "lola"],
+        policies=["sre", "expected_attention"],
+        window=8,
+        sparse_size=8,
+        sinks=2,
+        chunk=8,
+        max_new_tokens=4,
+        haystack_file=str(hay),
+        budgets="uniform",
+    )
     model, tok = tiny("llama"), TinyTokenizer()
     alone = run_niah(run, model, tok, tmp_path / "alone", progress=False)
     batched = run_niah(run, model, tok, tmp_path / "batched", progress=False, batch_size=3)
@@ -132,8 +144,17 @@ def test_variants_and_budgets_build_named_methods(tmp_path):
 
     path = tmp_path / "budgets.json"
     HeadBudgets(sparse_size_per_head=[[16, 0], [0, 16]], uniform_sparse_size=8, scores=[[1, 0], [0, 1]], power=1.0).save(path)
-    run = NiahRun(lengths=[200], samples=1, methods=["lola"], window=8, sparse_size=8, sinks=2, chunk=8, budgets=str(path),
-                  variants={"ea-span": {"policy": "span", "policy_kwargs": {"policy": "expected_attention"}}, "uniform-sre": {"policy": "sre", "budgets": "uniform"}})
+    run = NiahRun(
+        lengths=[200],
+        samples=1,
+        methods=["lola"],
+        window=8,
+        sparse_size=8,
+        sinks=2,
+        chunk=8,
+        budgets=str(path),
+        variants={"ea-span": {"policy": "span", "policy_kwargs": {"policy": "expected_attention"}}, "uniform-sre": {"policy": "sre", "budgets": "uniform"}},
+    )
     cfgs = method_configs(run)
     assert list(cfgs) == ["lola-sre", "lola-ea-span", "lola-uniform-sre"]
     assert cfgs["lola-sre"].for_layer(1).sparse_size_per_head == [0, 16]

@@ -10,9 +10,8 @@ import json
 import math
 from pathlib import Path
 
+import lm_eval  # in the dev extra: these tests run wherever the README's set-up ran
 import pytest
-
-lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[eval]')")
 
 import lola
 from lola.data import ByteTokenizer
@@ -225,12 +224,30 @@ def test_lola_config_from_model_args(tmp_path) -> None:
 
 def test_cli_export_and_run(tmp_path, capsys) -> None:
     tasks = tmp_path / "tasks"
-    assert cli_main(["export-niah", "--out", str(tasks), "--model", "tiny-random-llama", "--lengths", str(LENGTH), "--samples", "1", "--max-new-tokens", "4"]) == 0
+    assert (
+        cli_main(["export-niah", "--out", str(tasks), "--model", "tiny-random-llama", "--lengths", str(LENGTH), "--samples", "1", "--max-new-tokens", "4"]) == 0
+    )
     assert "lola_niah_single_1" in capsys.readouterr().out
     assert cli_main(["export-niah", "--out", str(tasks), "--model", "tiny-random-llama", "--lengths", "32"]) == 2
     out = tmp_path / "results"
-    assert cli_main(["run", "--model_args", "pretrained=tiny-random-llama,window=32,sparse_size=32", "--tasks", "lola_niah_single_1",
-                     "--include_path", str(tasks), "--device", "cpu", "--output_path", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "run",
+                "--model_args",
+                "pretrained=tiny-random-llama,window=32,sparse_size=32",
+                "--tasks",
+                "lola_niah_single_1",
+                "--include_path",
+                str(tasks),
+                "--device",
+                "cpu",
+                "--output_path",
+                str(out),
+            ]
+        )
+        == 0
+    )
     saved = json.loads(next(out.rglob("results_*.json")).read_text())
     assert saved["config"]["model"] == "lola" and saved["config"]["lola_config"]["window"] == 32
     assert saved["results"]["lola_niah_single_1"]["string_match_all,none"] in (0.0, 1.0)

@@ -32,7 +32,6 @@ def cases():
     from lola.kernels.decode_step import triton as dec
     from lola.kernels.self_recall_error import triton as sre
     from lola.kernels.softmax_partial import triton as sp
-
     from lola.kernels.utils import dot_precision
 
     for dt in ("bf16", "fp32"):
@@ -40,31 +39,36 @@ def cases():
         # (5, 9) and (16, 8): small sizes that once crashed Triton 3.6's sm_90 pipeline
         for F, D in ((64, 64), (128, 128), (128, 60), (5, 9), (16, 8)):
             yield (
-                f"chunk_state {dt} F={F} D={D}", cla.chunk_state_fwd_kernel,
+                f"chunk_state {dt} F={F} D={D}",
+                cla.chunk_state_fwd_kernel,
                 dict(k=f"*{dt}", v=f"*{dt}", h="*fp32", s="*fp32", h0="*fp32", s0="*fp32", ht="*fp32", st="*fp32", T="i32", NT="i32"),
                 dict(H=16 if F >= 64 else 3, F=F, D=D, BT=64, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, PRECISION=prec),
             )
             yield (
-                f"chunk_output {dt} F={F} D={D}", cla.chunk_output_fwd_kernel,
+                f"chunk_output {dt} F={F} D={D}",
+                cla.chunk_output_fwd_kernel,
                 dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", h="*fp32", s="*fp32", num="*fp32", den="*fp32", T="i32", NT="i32"),
                 dict(H=16, F=F, D=D, BT=64, PRECISION=prec),
             )
         for D in (64, 128):
             yield (
-                f"softmax_partial {dt} D={D}", sp.softmax_partial_fwd_kernel,
+                f"softmax_partial {dt} D={D}",
+                sp.softmax_partial_fwd_kernel,
                 dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", q_pos="*i64", k_pos="*i64", num="*fp32", den="*fp32", mx="*fp32", scale="fp32", L="i32", N="i32"),
                 dict(H=32, G=4, D=D, BL=64, BN=64 if D <= 64 else 32, BD=D, PRECISION=prec),
                 dict(num_warps=4 if D <= 64 else 8, num_stages=2),
             )
             yield (
-                f"self_recall_error {dt} F=D={D}", sre.self_recall_error_fwd_kernel,
+                f"self_recall_error {dt} F=D={D}",
+                sre.self_recall_error_fwd_kernel,
                 dict(fk=f"*{dt}", v=f"*{dt}", h="*fp32", s="*fp32", err="*fp32", eps="fp32", N="i32"),
                 dict(F=D, D=D, BN=64, BF=64 if D <= 64 else 32, BD=D, PRECISION=prec),
                 dict(num_warps=4, num_stages=2),
             )
             for mixing in range(4):
                 yield (
-                    f"decode_step {dt} D=F={D} mixing={mixing}", dec.decode_step_fwd_kernel,
+                    f"decode_step {dt} D=F={D} mixing={mixing}",
+                    dec.decode_step_fwd_kernel,
                     dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", k_pos="*i64", fq=f"*{dt}", h="*fp32", s="*fp32", gate="*fp32", o="*fp32", scale="fp32", N="i32"),
                     dict(Hs=8, G=4, D=D, F=D, BG=16, BD=D, BF=64 if D <= 64 else 32, MIXING=mixing, PRECISION=prec),
                 )

@@ -26,8 +26,13 @@ def make_inputs(B, H, Hs, N, D, F, dtype=torch.float32, device="cpu", empty_frac
     gate = torch.rand(H, generator=g)
     dev = dict(device=device)
     return dict(
-        q=q.to(dtype=dtype, **dev), k=k.to(dtype=dtype, **dev), v=v.to(dtype=dtype, **dev),
-        k_pos=k_pos.to(**dev), fq=fq.to(dtype=dtype, **dev), H=Hst.to(**dev), s=s.to(**dev),
+        q=q.to(dtype=dtype, **dev),
+        k=k.to(dtype=dtype, **dev),
+        v=v.to(dtype=dtype, **dev),
+        k_pos=k_pos.to(**dev),
+        fq=fq.to(dtype=dtype, **dev),
+        H=Hst.to(**dev),
+        s=s.to(**dev),
         gate=gate.to(**dev),
     )
 

@@ -26,9 +26,7 @@ def test_kernels_compile_for_sm90():
     env = dict(os.environ, TRITON_INTERPRET="0", LOLA_AUTOTUNE="0")
     src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, env=env, timeout=600
-    )
+    out = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, env=env, timeout=600)
     if "No module named" in out.stderr and "backends" in out.stderr:
         pytest.skip("this triton build has no NVIDIA backend")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

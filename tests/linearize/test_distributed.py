@@ -12,9 +12,35 @@ from lola.linearize import read_feature_maps
 from lola.linearize.distributed import World
 
 ARGS = [
-    "linearize", "--model", "tiny-random-llama", "--text", "pydoc", "--stage", "all", "--batch", "2",
-    "--chunk-tokens", "64", "--train-chunks", "4", "--eval-chunks", "2", "--window", "8", "--steps", "3",
-    "--stage2-steps", "3", "--lora-lr", "1e-2", "--maps-lr", "1e-2", "--checkpoint-every", "2", "--device", "cpu",
+    "linearize",
+    "--model",
+    "tiny-random-llama",
+    "--text",
+    "pydoc",
+    "--stage",
+    "all",
+    "--batch",
+    "2",
+    "--chunk-tokens",
+    "64",
+    "--train-chunks",
+    "4",
+    "--eval-chunks",
+    "2",
+    "--window",
+    "8",
+    "--steps",
+    "3",
+    "--stage2-steps",
+    "3",
+    "--lora-lr",
+    "1e-2",
+    "--maps-lr",
+    "1e-2",
+    "--checkpoint-every",
+    "2",
+    "--device",
+    "cpu",
 ]
 
 

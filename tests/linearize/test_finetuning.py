@@ -24,8 +24,18 @@ def sharp_model(seed: int = 0) -> LlamaForCausalLM:
     """A tiny Llama whose next-token distributions are peaked (larger init), so that the hybrid
     and full attention disagree measurably."""
     config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096, initializer_range=0.25, attn_implementation="sdpa", bos_token_id=None, eos_token_id=0, pad_token_id=0,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        initializer_range=0.25,
+        attn_implementation="sdpa",
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
@@ -87,7 +97,13 @@ def test_stage2_lowers_the_kl_and_writes_a_loadable_folder(stage1, tmp_path):
     report = finetune(sharp_model(), ByteTokenizer(), STAGE2, out, progress=False, log=lambda s: None)
     assert report["kl_heldout"]["after"] < 0.9 * report["kl_heldout"]["before"], report["kl_heldout"]
     assert len(report["train_loss"]["every_step"]) == 24
-    assert {p.name for p in out.iterdir()} >= {"lora.safetensors", "feature_maps.safetensors", "lola_config.json", FINETUNE_REPORT_FILE, FINETUNE_CHECKPOINT_FILE}
+    assert {p.name for p in out.iterdir()} >= {
+        "lora.safetensors",
+        "feature_maps.safetensors",
+        "lola_config.json",
+        FINETUNE_REPORT_FILE,
+        FINETUNE_CHECKPOINT_FILE,
+    }
     saved = json.loads((out / FINETUNE_REPORT_FILE).read_text())
     assert saved["kl_heldout"] == report["kl_heldout"]
 

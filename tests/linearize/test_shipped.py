@@ -18,7 +18,9 @@ from lola.models import tiny_random
 def folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("maps")
     model, tok = tiny_random()
-    linearize(model, tok, LinearizeConfig(steps=2, chunk_tokens=64, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"]), out, progress=False, log=lambda s: None)
+    linearize(
+        model, tok, LinearizeConfig(steps=2, chunk_tokens=64, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"]), out, progress=False, log=lambda s: None
+    )
     return out
 
 
@@ -77,7 +79,9 @@ def test_truncated_safetensors_names_the_file(folder, tmp_path):
 def test_shipped_maps_refuse_a_model_of_another_shape(registered):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    other = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2))
+    other = LlamaForCausalLM(
+        LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+    )
     with pytest.raises(ValueError, match="trained for another model.*num_layers: maps 2 vs model 3"):
         apply_lola(other, lola.LoLAConfig(), feature_maps="tiny-maps")
     assert getattr(other, "_lola", None) is None
@@ -90,6 +94,20 @@ def test_commands_accept_a_shipped_name(registered, capsys):
     assert NiahRun(feature_maps="tiny-maps").feature_maps == "tiny-maps"
     with pytest.raises(ValueError, match="not a feature-map folder"):
         NiahRun(feature_maps="not-shipped")
-    args = ["perplexity", "--model", "tiny-random-llama", "--feature-maps", "tiny-maps", "--length", "64", "--windows", "1", "--text", "pydoc", "--generate", "0"]
+    args = [
+        "perplexity",
+        "--model",
+        "tiny-random-llama",
+        "--feature-maps",
+        "tiny-maps",
+        "--length",
+        "64",
+        "--windows",
+        "1",
+        "--text",
+        "pydoc",
+        "--generate",
+        "0",
+    ]
     assert main(args) == 0
     assert "feature maps tiny-maps" in capsys.readouterr().out

@@ -95,7 +95,11 @@ def test_the_hybrid_reduces_the_error_of_the_real_layers(trained):
         full = model(ids).logits
         errors = []
         for maps in (None, out):
-            apply_lola(model, lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", mixing="lolcats", feature_map="hedgehog_identity"), feature_maps=maps)
+            apply_lola(
+                model,
+                lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", mixing="lolcats", feature_map="hedgehog_identity"),
+                feature_maps=maps,
+            )
             errors.append((model(ids, cache=LoLACache(model)).logits - full).square().mean().item())
             remove_lola(model)
     assert errors[1] < errors[0]
@@ -105,7 +109,9 @@ def test_feature_maps_for_another_model_are_refused(trained):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out, _ = trained
-    other = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2))
+    other = LlamaForCausalLM(
+        LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+    )
     with pytest.raises(ValueError, match="num_layers: maps 2 vs model 3"):
         apply_lola(other, lola.LoLAConfig(), feature_maps=out)
     assert getattr(other, "_lola", None) is None
@@ -131,7 +137,30 @@ def test_cli_quick_run_and_niah_with_feature_maps(tmp_path, capsys):
     out = tmp_path / "maps"
     assert main(["linearize", "--quick", "--out", str(out)]) == 0
     assert (out / "feature_maps.safetensors").is_file()
-    assert main(["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(out), "--length", "64", "--windows", "1", "--window", "16", "--sparse-size", "4", "--text", "pydoc", "--generate", "8"]) == 0
+    assert (
+        main(
+            [
+                "perplexity",
+                "--model",
+                "tiny-random-llama",
+                "--feature-maps",
+                str(out),
+                "--length",
+                "64",
+                "--windows",
+                "1",
+                "--window",
+                "16",
+                "--sparse-size",
+                "4",
+                "--text",
+                "pydoc",
+                "--generate",
+                "8",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "lolcats" in text and "lola" in text and "x)" in text and "repeated 4-grams" in text
     assert main(["niah", "--model", "tiny-random-llama", "--feature-maps", str(tmp_path / "nope"), "--out", str(tmp_path / "n")]) == 2

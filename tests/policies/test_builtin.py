@@ -18,7 +18,12 @@ def ctx_for(h=2, f=4, d=3, b=1, seed=0):
 
 def block(b=1, hs=1, n=5, d=3, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return KVBlock(torch.randn(b, hs, n, d, generator=g), torch.randn(b, hs, n, d, generator=g), torch.arange(n).expand(b, hs, n).clone(), torch.rand(b, hs, n, generator=g))
+    return KVBlock(
+        torch.randn(b, hs, n, d, generator=g),
+        torch.randn(b, hs, n, d, generator=g),
+        torch.arange(n).expand(b, hs, n).clone(),
+        torch.rand(b, hs, n, generator=g),
+    )
 
 
 def test_all_builtins_satisfy_the_protocol():

@@ -78,7 +78,9 @@ def test_span_pooling_across_heads_shares_spans():
 
 
 def test_combinators_are_configurable_by_name():
-    cfg = lola.LoLAConfig(window=2, sparse_size=3, chunk=2, policy="span", policy_kwargs={"policy": "fusion", "policy_kwargs": {"policies": ["sre", "expected_attention"]}})
+    cfg = lola.LoLAConfig(
+        window=2, sparse_size=3, chunk=2, policy="span", policy_kwargs={"policy": "fusion", "policy_kwargs": {"policies": ["sre", "expected_attention"]}}
+    )
     attn = lola.compose(cfg, num_heads=2, head_dim=4)
     o, state = attn(torch.randn(1, 12, 2, 4), torch.randn(1, 12, 2, 4), torch.randn(1, 12, 2, 4))
     assert torch.isfinite(o).all() and state.queries is not None

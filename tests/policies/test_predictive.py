@@ -38,7 +38,12 @@ def expected_attention_oracle(k, v, valid, queries, scale, group, rot=None, valu
                 cov = sum(wi * torch.outer(q - mu, q - mu) for wi, q in zip(w, qs)) / sum(w)
                 if rot is not None:
                     mu, cov = rot @ mu, rot @ cov @ rot.T
-                a = [float(scale * mu @ k[row, s, j].double() + 0.5 * scale**2 * k[row, s, j].double() @ cov @ k[row, s, j].double()) if valid[row, s, j] else -math.inf for j in range(n)]
+                a = [
+                    float(scale * mu @ k[row, s, j].double() + 0.5 * scale**2 * k[row, s, j].double() @ cov @ k[row, s, j].double())
+                    if valid[row, s, j]
+                    else -math.inf
+                    for j in range(n)
+                ]
                 m = max(a)
                 e = [math.exp(x - m) if x > -math.inf else 0.0 for x in a]
                 probs.append([x / sum(e) for x in e])

@@ -47,14 +47,16 @@ def test_register_rejects_duplicates_and_non_policies():
 def test_entry_point_route(tmp_path, monkeypatch):
     # A fake installed distribution that publishes a policy through the entry-point group.
     pkg = tmp_path / "thirdparty_policy.py"
-    pkg.write_text(textwrap.dedent(
-        """
+    pkg.write_text(
+        textwrap.dedent(
+            """
         class KeyMean:
             needs_attention = False
             def score(self, candidates, ctx):
                 return candidates.k.float().mean(dim=-1)
         """
-    ))
+        )
+    )
     dist = tmp_path / "thirdparty_policy-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-policy\nVersion: 1.0\n")

@@ -162,8 +162,10 @@ class HeadBudgets(BaseModel):
         lines = [f"{'layer':>5}  sparse size per K/V head", "-" * 32]
         lines += [f"{i:>5}  " + " ".join(f"{x:>5}" for x in row) for i, row in enumerate(self.sparse_size_per_head)]
         uniform = self.uniform_sparse_size * self.num_layers * self.num_kv_heads
-        lines.append(f"\ntotal {self.total_slots} sparse slots (uniform {self.uniform_sparse_size} per head: {uniform}); "
-                     f"{sum(x > 0 for row in self.sparse_size_per_head for x in row)} of {self.num_layers * self.num_kv_heads} heads keep a sparse cache")
+        lines.append(
+            f"\ntotal {self.total_slots} sparse slots (uniform {self.uniform_sparse_size} per head: {uniform}); "
+            f"{sum(x > 0 for row in self.sparse_size_per_head for x in row)} of {self.num_layers * self.num_kv_heads} heads keep a sparse cache"
+        )
         return "\n".join(lines)
 
     def save(self, path: str | Path) -> None:
@@ -189,7 +191,9 @@ def load(name_or_path: str | Path) -> HeadBudgets:
         where = str(path)
     else:
         if str(name_or_path) not in available():
-            raise ValueError(f"no shipped budgets named {str(name_or_path)!r}; available: {', '.join(available()) or 'none'} (or give a JSON file from `lola calibrate`)")
+            raise ValueError(
+                f"no shipped budgets named {str(name_or_path)!r}; available: {', '.join(available()) or 'none'} (or give a JSON file from `lola calibrate`)"
+            )
         text = resources.files(__name__).joinpath(f"{name_or_path}.json").read_text()
         where = f"shipped budgets {name_or_path!r}"
     try:

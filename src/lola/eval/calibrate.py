@@ -99,8 +99,16 @@ def calibration_prompts(tokenizer: Any, length: int, count: int, seed: int = 0) 
         s = seed * 1_000 + i + _SEED_BASE
         haystack = random_sentences(max(64, length // 8), s)
         sample = make_sample(
-            tokenizer, "niah_single_1", length, (i + 0.5) / count, s, max_new_tokens=12, haystack=haystack,
-            needle=CALIBRATION_NEEDLE, question=CALIBRATION_QUESTION, answer_prefix=CALIBRATION_ANSWER_PREFIX,
+            tokenizer,
+            "niah_single_1",
+            length,
+            (i + 0.5) / count,
+            s,
+            max_new_tokens=12,
+            haystack=haystack,
+            needle=CALIBRATION_NEEDLE,
+            question=CALIBRATION_QUESTION,
+            answer_prefix=CALIBRATION_ANSWER_PREFIX,
         )
         value = sample.answers[0]
         answer = tokenizer(" " + value, add_special_tokens=False).input_ids
@@ -117,7 +125,9 @@ def calibration_prompts(tokenizer: Any, length: int, count: int, seed: int = 0) 
     return out
 
 
-def _recording_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
+def _recording_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
+):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     record = _RECORD.get()
@@ -126,7 +136,7 @@ def _recording_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
         n0, n1 = record["target"]
         q = query[:, :, r0:r1].float()  # [1, H, R, D]
         h, hkv = query.shape[1], key.shape[1]
-        k = key.float().repeat_interleave(h // hkv, dim=1)[:, :, : r1]  # causal: readers see up to r1 - 1
+        k = key.float().repeat_interleave(h // hkv, dim=1)[:, :, :r1]  # causal: readers see up to r1 - 1
         logits = torch.matmul(q, k.transpose(-1, -2)) * kwargs.get("scaling", module.scaling)
         pos = torch.arange(r1, device=q.device)
         logits = logits.masked_fill(pos[None, :] > torch.arange(r0, r1, device=q.device)[:, None], float("-inf"))
@@ -233,8 +243,13 @@ def calibrate(
         power=power,
         source={
             "command": f"lola calibrate --model {model_name} --length {length} --prompts {prompts} --sparse-size {sparse_size} --power {power} --floor {floor} --seed {seed}",
-            "model": model_name, "length": length, "prompts": prompts, "floor": floor, "seed": seed,
-            "haystack": "wonderwords random sentences", "needle": CALIBRATION_NEEDLE,
+            "model": model_name,
+            "length": length,
+            "prompts": prompts,
+            "floor": floor,
+            "seed": seed,
+            "haystack": "wonderwords random sentences",
+            "needle": CALIBRATION_NEEDLE,
             "seconds": round(time.perf_counter() - t0, 1),
             "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         },

@@ -15,7 +15,9 @@ import torch
 __all__ = ["make_mqar", "mqar_accuracy"]
 
 
-def make_mqar(num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192, power_a: float = 0.01, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_mqar(
+    num_examples: int, seq_len: int, num_pairs: int, vocab_size: int = 8192, power_a: float = 0.01, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generate MQAR examples.
 
     Args:

@@ -40,7 +40,9 @@ class PerplexityRun(BaseModel):
     chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
     policy: str = "sre"
     windows: StrictInt = Field(4, ge=1, le=1_000_000, description="held-out windows per length (at most)")
-    generate: StrictInt = Field(64, ge=0, le=MAX_TOKENS, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)")
+    generate: StrictInt = Field(
+        64, ge=0, le=MAX_TOKENS, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)"
+    )
     generate_windows: StrictInt = Field(2, ge=1, le=1_000_000)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
 
@@ -48,6 +50,7 @@ class PerplexityRun(BaseModel):
     @classmethod
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
 
     @field_validator("lengths", "methods")

@@ -26,7 +26,21 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 
-__all__ = ["METHODS", "RESULTS_FORMAT", "NiahRun", "check_out_folder", "format_depth_summary", "format_intervals", "format_summary", "method_configs", "plot_results", "run_niah", "summarize", "summarize_by_depth", "wilson_interval"]
+__all__ = [
+    "METHODS",
+    "RESULTS_FORMAT",
+    "NiahRun",
+    "check_out_folder",
+    "format_depth_summary",
+    "format_intervals",
+    "format_summary",
+    "method_configs",
+    "plot_results",
+    "run_niah",
+    "summarize",
+    "summarize_by_depth",
+    "wilson_interval",
+]
 
 METHODS = ("full", "window", "lolcats", "lola")
 RESULTS_FORMAT = "lola-niah-results"
@@ -77,7 +91,10 @@ class NiahRun(BaseModel):
     answer_prefix: str | None = Field(None, description="with a custom question: text that starts the answer, with {key}")
     # Calibrated budgets won the tournament at the same bytes (prose 2K: 60% against 15% for
     # uniform, 20 samples; docs/results.md). "auto": the model's shipped budgets, else uniform.
-    budgets: str | None = Field("auto", description="sparse budgets of the lola method: 'auto' (the model's shipped budgets, if any), 'uniform' (or None), a shipped name or a `lola calibrate` file")
+    budgets: str | None = Field(
+        "auto",
+        description="sparse budgets of the lola method: 'auto' (the model's shipped budgets, if any), 'uniform' (or None), a shipped name or a `lola calibrate` file",
+    )
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description="extra lola variants: name -> LoLAConfig fields (and 'budgets')")
 
     @field_validator("task")
@@ -290,7 +307,9 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tu
     else:
         foreign = [name for name in (SAMPLES_FILE, *PLOT_FILES) if (out / name).exists()]
         if foreign:
-            raise ValueError(f"{out} holds {', '.join(foreign)} but no lola {RESULTS_FILE}: not a lola niah results folder; move them away or use another --out")
+            raise ValueError(
+                f"{out} holds {', '.join(foreign)} but no lola {RESULTS_FILE}: not a lola niah results folder; move them away or use another --out"
+            )
     return _load_done(out / SAMPLES_FILE)
 
 
@@ -336,7 +355,18 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     depths = [(i + 0.5) / run.samples for i in range(run.samples)]
     haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
     prompts = {
-        (n, i): make_sample(tokenizer, run.task, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.new_tokens, haystack=haystack, needle=run.needle, question=run.question, answer_prefix=run.answer_prefix)
+        (n, i): make_sample(
+            tokenizer,
+            run.task,
+            n,
+            d,
+            seed=run.seed * 100_003 + i,
+            max_new_tokens=run.new_tokens,
+            haystack=haystack,
+            needle=run.needle,
+            question=run.question,
+            answer_prefix=run.answer_prefix,
+        )
         for n in run.lengths
         for i, d in enumerate(depths)
     }
@@ -363,8 +393,18 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
 
 
 def _generate_all(
-    run: NiahRun, model: Any, tokenizer: Any, configs: dict, todo: list, prompts: dict,
-    samples_path: Path, records: list, bar: Any, batch_size: int, pad_id: int | None, maps: Any = None,
+    run: NiahRun,
+    model: Any,
+    tokenizer: Any,
+    configs: dict,
+    todo: list,
+    prompts: dict,
+    samples_path: Path,
+    records: list,
+    bar: Any,
+    batch_size: int,
+    pad_id: int | None,
+    maps: Any = None,
 ) -> None:
     """Generate every sample of ``todo``, appending each record to ``samples_path`` and ``records``
     (``maps``: the run's feature maps, already read)."""
@@ -396,9 +436,16 @@ def _generate_all(
                         # A stock cache holds every row padded to the longest: count this row's share.
                         share = 1 / len(batch) if cfg is not None else tokens / (len(batch) * out_ids.shape[1])
                         rec = {
-                            "method": method, "length": n, "index": i, "depth": s.depth, "prompt_tokens": s.length,
-                            "answers": s.answers, "prediction": prediction, "score": string_match_all(prediction, s.answers),
-                            "cache_bytes": round(cache_bytes * share), "seconds": seconds,
+                            "method": method,
+                            "length": n,
+                            "index": i,
+                            "depth": s.depth,
+                            "prompt_tokens": s.length,
+                            "answers": s.answers,
+                            "prediction": prediction,
+                            "score": string_match_all(prediction, s.answers),
+                            "cache_bytes": round(cache_bytes * share),
+                            "seconds": seconds,
                             "tokens_per_second": tokens / seconds,
                         }
                         log.write(json.dumps(rec) + "\n")
@@ -444,7 +491,13 @@ def summarize(records: Iterable[dict]) -> dict[str, dict[int, dict[str, float]]]
         for n, rs in sorted(by.items()):
             hits = sum(r["score"] for r in rs)
             low, high = wilson_interval(hits, len(rs))
-            out[m][n] = {"accuracy": 100.0 * hits / len(rs), "low": low, "high": high, "cache_bytes": sum(r["cache_bytes"] for r in rs) / len(rs), "samples": len(rs)}
+            out[m][n] = {
+                "accuracy": 100.0 * hits / len(rs),
+                "low": low,
+                "high": high,
+                "cache_bytes": sum(r["cache_bytes"] for r in rs) / len(rs),
+                "samples": len(rs),
+            }
     return out
 
 

@@ -16,9 +16,9 @@ Note: the attribute ``lola.kernels.<op>`` is the *function*; import the modules 
 ``from lola.kernels.<op> import reference`` (not ``import lola.kernels.<op>.reference as``).
 """
 
-from .dispatch import BACKENDS, ENV_VAR, backend, requested_backend, triton_available, use_backend
 from .chunk_linear_attention import chunk_linear_attention
 from .decode_step import MIXING_RULES, decode_step, mix_partials
+from .dispatch import BACKENDS, ENV_VAR, backend, requested_backend, triton_available, use_backend
 from .self_recall_error import self_recall_error
 from .softmax_partial import softmax_partial
 

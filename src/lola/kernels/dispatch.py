@@ -113,10 +113,7 @@ def backend(*tensors) -> str:
     # forced triton
     err = _import_triton_error()
     if err is not None:
-        raise RuntimeError(
-            f"{ENV_VAR}=triton but triton cannot be imported ({err}); "
-            f"install triton or use {ENV_VAR}=reference"
-        )
+        raise RuntimeError(f"{ENV_VAR}=triton but triton cannot be imported ({err}); install triton or use {ENV_VAR}=reference")
     if not all_cuda and not is_interpreting():
         raise RuntimeError(
             f"{ENV_VAR}=triton on {devices[0].type} tensors needs the Triton interpreter: "

@@ -6,7 +6,6 @@ import contextlib
 import os
 
 import torch
-
 import triton
 import triton.language as tl
 

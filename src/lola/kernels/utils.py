@@ -68,10 +68,7 @@ class ShapeChecker:
             raise ValueError(f"{name} must be {spec}, got shape {tuple(t.shape)}")
         for d, n in zip(names, t.shape):
             if d in self.sizes and self.sizes[d] != n:
-                raise ValueError(
-                    f"{name} must be {spec} with {d}={self.sizes[d]} (as in {self.origin[d]}), "
-                    f"got shape {tuple(t.shape)}"
-                )
+                raise ValueError(f"{name} must be {spec} with {d}={self.sizes[d]} (as in {self.origin[d]}), got shape {tuple(t.shape)}")
             self.sizes.setdefault(d, int(n))
             self.origin.setdefault(d, name)
         return tuple(t.shape)

@@ -62,6 +62,7 @@ class FinetuneConfig(BaseModel):
     @classmethod
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+
     checkpoint_every: int = Field(10, ge=1)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -130,7 +131,9 @@ def _prepare(model: torch.nn.Module, maps_folder: str | Path, cfg: FinetuneConfi
     check_geometry(maps, model)
     if maps.lora is not None:
         if not resuming:
-            raise ValueError(f"{maps_folder} already holds stage-2 LoRA weights and no stage-2 checkpoint; stage 2 starts from stage-1 maps (use another --out)")
+            raise ValueError(
+                f"{maps_folder} already holds stage-2 LoRA weights and no stage-2 checkpoint; stage 2 starts from stage-1 maps (use another --out)"
+            )
         maps = dataclasses.replace(maps, lora=None, lora_spec=None)  # the checkpoint restores every trained tensor
     stock = model.config._attn_implementation
     apply_lola(model, maps.config, feature_maps=maps)
@@ -213,9 +216,11 @@ def finetune(
     train = token_chunks(encode(tokenizer, train_text), cfg.seq_len)
     heldout = token_chunks(encode(tokenizer, heldout_text), cfg.seq_len, cfg.eval_chunks) if cfg.eval_chunks else train[:0]
     if world.main:
-        log(f"text: {describe(cfg.text)}, {len(train_text) + len(heldout_text):,} characters; {train.shape[0]} training sequences of {cfg.seq_len} tokens "
+        log(
+            f"text: {describe(cfg.text)}, {len(train_text) + len(heldout_text):,} characters; {train.shape[0]} training sequences of {cfg.seq_len} tokens "
             f"({train.numel():,} tokens; {cfg.steps * cfg.batch * cfg.seq_len:,} seen in {cfg.steps} steps), {heldout.shape[0]} held out"
-            + (f"; {world.size} processes" if world.size > 1 else ""))
+            + (f"; {world.size} processes" if world.size > 1 else "")
+        )
 
     ckpt = out / FINETUNE_CHECKPOINT_FILE
     stock, lora_params, map_params = _prepare(model, maps, cfg, resuming=ckpt.is_file())
@@ -274,9 +279,15 @@ def finetune(
         if not world.main:
             return
         state = {
-            "step": step, "config": cfg.model_dump(), "geometry": geometry, "losses": losses, "train_s": train_s, "kl_before": kl_before,
+            "step": step,
+            "config": cfg.model_dump(),
+            "geometry": geometry,
+            "losses": losses,
+            "train_s": train_s,
+            "kl_before": kl_before,
             "trainable": [p.detach().cpu() for p in trainable],
-            "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
         }
         write_checkpoint(ckpt, state)
 
@@ -313,8 +324,13 @@ def finetune(
         "processes": world.size,
         "sequences_per_process": processed,
         "device": str(device),
-        "text": {"source": describe(cfg.text), "characters": len(train_text) + len(heldout_text), "train_tokens": int(train.numel()), "heldout_tokens": int(heldout.numel()),
-                 "tokens_seen": cfg.steps * cfg.batch * cfg.seq_len},
+        "text": {
+            "source": describe(cfg.text),
+            "characters": len(train_text) + len(heldout_text),
+            "train_tokens": int(train.numel()),
+            "heldout_tokens": int(heldout.numel()),
+            "tokens_seen": cfg.steps * cfg.batch * cfg.seq_len,
+        },
         "steps": cfg.steps,
         "seconds": {"training": round(train_s, 1)},
         "kl_heldout": {"before": kl_before, "after": kl_after},
@@ -326,7 +342,9 @@ def finetune(
         report["versions"] = _versions()
         write_feature_maps(out, _map_tensors(model), maps_cfg, geometry, model_name, lora=_lora_tensors(model), lora_spec=cfg.lora_spec())
         (out / FINETUNE_REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-        log(f"held-out KL to the teacher: {kl_before if kl_before is None else f'{kl_before:.4f}'} -> "
-            f"{kl_after if kl_after is None else f'{kl_after:.4f}'}; training {train_s / 60:.1f} min; wrote {out}")
+        log(
+            f"held-out KL to the teacher: {kl_before if kl_before is None else f'{kl_before:.4f}'} -> "
+            f"{kl_after if kl_after is None else f'{kl_after:.4f}'}; training {train_s / 60:.1f} min; wrote {out}"
+        )
     world.barrier()
     return report

@@ -34,7 +34,9 @@ FORMAT = "lola-feature-maps"
 
 GEOMETRY_KEYS = ("num_layers", "num_heads", "num_kv_heads", "head_dim")
 # The LoLCATs names of a layer's tensors (as lola.integrations.transformers.lolcats reads them).
-_TENSOR_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(feature_map_q\.mlp\.layer|feature_map_k\.mlp\.layer|feature_map_q\.mlp\.bias|feature_map_k\.mlp\.bias|window_factors)$")
+_TENSOR_KEY = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.self_attn\.(feature_map_q\.mlp\.layer|feature_map_k\.mlp\.layer|feature_map_q\.mlp\.bias|feature_map_k\.mlp\.bias|window_factors)$"
+)
 
 # Fields of LoLAConfig that the trained maps fix; budgets and policies stay the user's choice.
 TRAINED_FIELDS = ("feature_map", "feature_dim", "mixing", "affine")

@@ -36,7 +36,9 @@ class LayerActivations:
     y: torch.Tensor
 
 
-def _teacher_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any):
+def _teacher_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
+):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -44,7 +46,9 @@ def _teacher_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     if record is not None:
         keep = dict(dtype=record["dtype"], device="cpu")
         record["layers"][module.layer_idx] = LayerActivations(
-            q=query.detach().to(**keep), k=key.detach().to(**keep), v=value.detach().to(**keep),
+            q=query.detach().to(**keep),
+            k=key.detach().to(**keep),
+            v=value.detach().to(**keep),
             y=out.detach().transpose(1, 2).to(**keep),  # sdpa returns [B, T, H, D]
         )
     return out, weights
@@ -59,7 +63,9 @@ def _register() -> None:
 
 
 @torch.no_grad()
-def collect_activations(model: torch.nn.Module, chunks: torch.Tensor, dtype: torch.dtype = torch.bfloat16, progress: Iterable | None = None) -> list[dict[int, LayerActivations]]:
+def collect_activations(
+    model: torch.nn.Module, chunks: torch.Tensor, dtype: torch.dtype = torch.bfloat16, progress: Iterable | None = None
+) -> list[dict[int, LayerActivations]]:
     """Run the frozen ``model`` over each chunk and keep every layer's activations.
 
     Args:

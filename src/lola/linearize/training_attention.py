@@ -33,8 +33,7 @@ def hybrid_window(attn: torch.nn.Module) -> int:
         memory = attn.memory_factory()
         if memory.window.head_sizes is not None or memory.sinks.capacity or memory.sparse.capacity or memory.schedule.period != 1:
             raise ValueError(
-                "the training hybrid needs a LoLA config with one window size, sinks=0, sparse_size=0 and "
-                f"schedule='tokenwise'; the layer has {memory.spec()}"
+                f"the training hybrid needs a LoLA config with one window size, sinks=0, sparse_size=0 and schedule='tokenwise'; the layer has {memory.spec()}"
             )
         window = attn._hybrid_window = int(memory.window.size)
     return window

@@ -50,7 +50,9 @@ class LinearizeConfig(BaseModel):
     lr: float = Field(1e-2, gt=0)
     chunk_tokens: int = Field(2048, ge=8, description="tokens per chunk: train at the evaluation length")
     train_chunks: int = Field(24, ge=1, description="distinct training chunks, drawn from the whole training split")
-    cache_activations: bool = Field(True, description="keep each chunk's teacher activations (fast; memory grows with train_chunks) or recompute them every step")
+    cache_activations: bool = Field(
+        True, description="keep each chunk's teacher activations (fast; memory grows with train_chunks) or recompute them every step"
+    )
     eval_chunks: int = Field(2, ge=1, description="held-out chunks for the before/after MSE")
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
@@ -59,6 +61,7 @@ class LinearizeConfig(BaseModel):
     @classmethod
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+
     checkpoint_every: int = Field(25, ge=1)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -67,8 +70,14 @@ class LinearizeConfig(BaseModel):
 def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
     """The LoLA configuration of the trained hybrid: window + linear state, no sparse cache."""
     return LoLAConfig(
-        window=cfg.window, sparse_size=0, sinks=0, schedule="tokenwise",
-        feature_map=cfg.feature_map, feature_dim=cfg.feature_dim, mixing=cfg.mixing, affine=cfg.affine,
+        window=cfg.window,
+        sparse_size=0,
+        sinks=0,
+        schedule="tokenwise",
+        feature_map=cfg.feature_map,
+        feature_dim=cfg.feature_dim,
+        mixing=cfg.mixing,
+        affine=cfg.affine,
     )
 
 
@@ -174,9 +183,11 @@ def linearize(
     train = every[pick.sort().values]
     heldout = token_chunks(encode(tokenizer, heldout_text), cfg.chunk_tokens, cfg.eval_chunks)
     if world.main:
-        log(f"text: {describe(cfg.text)}, {len(train_text) + len(heldout_text):,} characters; "
+        log(
+            f"text: {describe(cfg.text)}, {len(train_text) + len(heldout_text):,} characters; "
             f"{train.shape[0]} training and {heldout.shape[0]} held-out chunks of {cfg.chunk_tokens} tokens"
-            + (f"; {world.size} processes" if world.size > 1 else ""))
+            + (f"; {world.size} processes" if world.size > 1 else "")
+        )
 
     t0 = time.perf_counter()
     eval_acts = collect_activations(model, heldout)
@@ -217,10 +228,15 @@ def linearize(
         if not world.main:
             return
         state = {
-            "step": step, "config": cfg.model_dump(), "geometry": geometry, "losses": losses, "train_s": train_s,
+            "step": step,
+            "config": cfg.model_dump(),
+            "geometry": geometry,
+            "losses": losses,
+            "train_s": train_s,
             "mse_before": {str(k): v for k, v in mse_before.items()},
             "students": {str(i): s.state_dict() for i, s in students.items()},
-            "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
         }
         write_checkpoint(ckpt, state)
 
@@ -259,7 +275,12 @@ def linearize(
         "config": cfg.model_dump(),
         "processes": world.size,
         "sequences_per_process": processed,
-        "text": {"source": describe(cfg.text), "characters": len(train_text) + len(heldout_text), "train_tokens": int(train.numel()), "heldout_tokens": int(heldout.numel())},
+        "text": {
+            "source": describe(cfg.text),
+            "characters": len(train_text) + len(heldout_text),
+            "train_tokens": int(train.numel()),
+            "heldout_tokens": int(heldout.numel()),
+        },
         "steps": cfg.steps,
         "seconds": {"teacher_activations": round(collect_s, 1), "training": round(train_s, 1)},
         "mse_heldout_before": {str(k): v for k, v in mse_before.items()},
@@ -271,7 +292,9 @@ def linearize(
     if world.main:
         write_feature_maps(out, _tensors(students), hybrid_config(cfg), geometry, model_name)
         (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-        log(f"held-out MSE (mean over layers): {report['mse_heldout_mean']['before']:.3e} -> {report['mse_heldout_mean']['after']:.3e}; "
-            f"training {train_s / 60:.1f} min; wrote {out}")
+        log(
+            f"held-out MSE (mean over layers): {report['mse_heldout_mean']['before']:.3e} -> {report['mse_heldout_mean']['after']:.3e}; "
+            f"training {train_s / 60:.1f} min; wrote {out}"
+        )
     world.barrier()
     return report

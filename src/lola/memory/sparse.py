@@ -73,7 +73,10 @@ class SparseCache(ExactStore):
         return out
 
     def _pack(self, block: KVBlock) -> KVBlock:
-        parts = [(block.k[:, h, :n], block.v[:, h, :n], block.pos[:, h, :n], None if block.acc is None else block.acc[:, h, :n]) for h, (_, n) in enumerate(self._segments())]
+        parts = [
+            (block.k[:, h, :n], block.v[:, h, :n], block.pos[:, h, :n], None if block.acc is None else block.acc[:, h, :n])
+            for h, (_, n) in enumerate(self._segments())
+        ]
         k, v, pos = (torch.cat([p[i] for p in parts], dim=1).unsqueeze(1) for i in range(3))
         acc = None if block.acc is None else torch.cat([p[3] for p in parts], dim=1).unsqueeze(1)
         return KVBlock(k, v, pos, acc)

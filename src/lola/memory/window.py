@@ -50,7 +50,9 @@ class SlidingWindow(ExactStore):
         block = self._require()
         hs = block.k.shape[1]
         new_pos = pos[:, None, :].expand(-1, hs, -1)
-        merged = KVBlock.cat([block, KVBlock(k.to(block.k.dtype), v.to(block.v.dtype), new_pos, None if block.acc is None else torch.zeros_like(new_pos, dtype=torch.float32))])
+        merged = KVBlock.cat(
+            [block, KVBlock(k.to(block.k.dtype), v.to(block.v.dtype), new_pos, None if block.acc is None else torch.zeros_like(new_pos, dtype=torch.float32))]
+        )
         count = merged.valid.sum(-1)
         if bool((count > self.capacity).any()):
             raise RuntimeError(

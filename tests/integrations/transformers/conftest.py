@@ -10,7 +10,16 @@ def tiny(arch: str = "llama", layers: int = 2, **overrides):
     """A tiny randomly initialised decoder (fp32, eval mode, SDPA attention)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, attn_implementation="sdpa")
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        attn_implementation="sdpa",
+    )
     common.update(overrides)
     torch.manual_seed(0)
     if arch == "llama":

@@ -45,7 +45,10 @@ def test_crop_is_refused_clearly():
 def test_cache_bytes_stop_growing_during_a_long_generation():
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    model = apply_lola(tiny("llama", layers=1, hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16), lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8))
+    model = apply_lola(
+        tiny("llama", layers=1, hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16),
+        lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8),
+    )
     cache = LoLACache(model)
     sizes = []
 
@@ -56,7 +59,9 @@ def test_cache_bytes_stop_growing_during_a_long_generation():
 
     ids = torch.randint(0, 101, (1, 4))
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=2000, min_new_tokens=2000, do_sample=False, cache=cache, stopping_criteria=StoppingCriteriaList([RecordBytes()]))
+        out = model.generate(
+            ids, max_new_tokens=2000, min_new_tokens=2000, do_sample=False, cache=cache, stopping_criteria=StoppingCriteriaList([RecordBytes()])
+        )
     assert out.shape[1] == 2004 and len(sizes) == 2000
     assert cache.get_seq_length() == 2003  # the last token generated is never fed back
     assert len(set(sizes)) == 1 and sizes[0] > 0

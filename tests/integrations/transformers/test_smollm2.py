@@ -63,7 +63,9 @@ def test_default_config_keeps_the_text_of_the_model(smollm2):
 
     model, tok = smollm2
     prose = " ".join(topics.values())[20_000:26_000]
-    text = tok.apply_chat_template([{"role": "user", "content": f"{prose}\n\nSummarize the text above in two sentences."}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": f"{prose}\n\nSummarize the text above in two sentences."}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(text, return_tensors="pt").input_ids
     assert ids.shape[1] > 1000  # longer than the 580 exact tokens: tokens are evicted
     with torch.no_grad():

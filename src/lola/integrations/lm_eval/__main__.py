@@ -31,7 +31,11 @@ def export_parser() -> argparse.ArgumentParser:
         description="Write the prompts of `lola niah` (same options, same samples) as a local lm-eval task.",
     )
     p.add_argument("--out", required=True, help="folder to write (pass it to lm-eval as --include_path)")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="whose tokenizer sizes and wraps the prompts: a registered name, a .gguf file or a HF folder (default smollm2-135m-instruct)")
+    p.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="whose tokenizer sizes and wraps the prompts: a registered name, a .gguf file or a HF folder (default smollm2-135m-instruct)",
+    )
     p.add_argument("--task", default="niah_single_1", help="niah_single_1 (default), niah_multikey_2, niah_multikey_3 or vt")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048], help="context lengths in tokens (default 1024 2048)")
     p.add_argument("--samples", type=int, default=5, help="samples per length (default 5)")
@@ -67,9 +71,18 @@ def export_main(argv: list[str]) -> int:
     try:
         tokenizer = load_tokenizer(args.model)
         path = export_niah(
-            args.out, tokenizer, task=args.task, lengths=args.lengths, samples=args.samples, seed=args.seed,
-            max_new_tokens=args.max_new_tokens, haystack_file=args.haystack_file, needle=args.needle,
-            question=args.question, answer_prefix=args.answer_prefix, name=args.name,
+            args.out,
+            tokenizer,
+            task=args.task,
+            lengths=args.lengths,
+            samples=args.samples,
+            seed=args.seed,
+            max_new_tokens=args.max_new_tokens,
+            haystack_file=args.haystack_file,
+            needle=args.needle,
+            question=args.question,
+            answer_prefix=args.answer_prefix,
+            name=args.name,
         )
     except (ValueError, FileNotFoundError) as err:
         print(f"export-niah: {_one_line(err)}", file=sys.stderr)

@@ -81,9 +81,7 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> Any:
 
 
 def _yaml(name: str, data_file: Path, new_tokens: int, lengths: list[int], header: str) -> str:
-    metrics = "\n".join(
-        f"  - metric: string_match_all_{n}\n    aggregation: !function {name}_utils.aggregate\n    higher_is_better: true" for n in lengths
-    )
+    metrics = "\n".join(f"  - metric: string_match_all_{n}\n    aggregation: !function {name}_utils.aggregate\n    higher_is_better: true" for n in lengths)
     return f"""{header}
 task: {name}
 dataset_path: json
@@ -148,9 +146,17 @@ def export_niah(
     from lola.eval.runner import NiahRun
 
     run = NiahRun(
-        task=task, lengths=list(lengths), samples=samples, seed=seed, max_new_tokens=max_new_tokens,
-        haystack_file=None if haystack_file is None else str(haystack_file), needle=needle, question=question,
-        answer_prefix=answer_prefix, methods=["full"], budgets=None,
+        task=task,
+        lengths=list(lengths),
+        samples=samples,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        haystack_file=None if haystack_file is None else str(haystack_file),
+        needle=needle,
+        question=question,
+        answer_prefix=answer_prefix,
+        methods=["full"],
+        budgets=None,
     )
     name = name or task_name(task)
     if not name.isidentifier():
@@ -164,13 +170,31 @@ def export_niah(
     mismatched = 0
     for n in run.lengths:
         for i, d in enumerate(depths):
-            s = make_sample(tokenizer, run.task, n, d, seed=run.seed * 100_003 + i, max_new_tokens=run.new_tokens, haystack=haystack, needle=run.needle, question=run.question, answer_prefix=run.answer_prefix)
+            s = make_sample(
+                tokenizer,
+                run.task,
+                n,
+                d,
+                seed=run.seed * 100_003 + i,
+                max_new_tokens=run.new_tokens,
+                haystack=haystack,
+                needle=run.needle,
+                question=run.question,
+                answer_prefix=run.answer_prefix,
+            )
             ids = s.input_ids[0].tolist()
             mismatched += _lm_eval_ids(tokenizer, s.text) != ids
-            rows.append({
-                "index": i, "length": n, "depth": s.depth, "key": s.key, "answers": s.answers,
-                "prompt_tokens": len(ids), "text": s.text,
-            })
+            rows.append(
+                {
+                    "index": i,
+                    "length": n,
+                    "depth": s.depth,
+                    "key": s.key,
+                    "answers": s.answers,
+                    "prompt_tokens": len(ids),
+                    "text": s.text,
+                }
+            )
     if mismatched:
         print(
             f"lola: {mismatched} of {len(rows)} prompts get a BOS token that lola niah does not add when lm-eval tokenizes them; "
@@ -179,7 +203,9 @@ def export_niah(
         )
     data_file = out / f"{name}.jsonl"
     data_file.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    options = run.model_dump(mode="json", include={"task", "lengths", "samples", "seed", "max_new_tokens", "haystack_file", "needle", "question", "answer_prefix"})
+    options = run.model_dump(
+        mode="json", include={"task", "lengths", "samples", "seed", "max_new_tokens", "haystack_file", "needle", "question", "answer_prefix"}
+    )
     header = "# Exported by `python -m lola.integrations.lm_eval export-niah`: the prompts of `lola niah` with\n# " + json.dumps(options)
     (out / f"{name}_utils.py").write_text(_UTILS.format(lengths=list(run.lengths)))
     yaml_path = out / f"{name}.yaml"

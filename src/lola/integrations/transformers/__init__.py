@@ -17,4 +17,16 @@ from lola.integrations.transformers.cache import LoLACache, LoLACacheLayer
 from lola.integrations.transformers.lolcats import load_lolcats_checkpoint
 from lola.integrations.transformers.pretrained import from_pretrained
 
-__all__ = ["AppliedLoLA", "LoLACache", "LoLACacheLayer", "apply_lola", "attention_modules", "from_pretrained", "load_lolcats_checkpoint", "lola_attention_forward", "patch", "register_attention", "remove_lola"]
+__all__ = [
+    "AppliedLoLA",
+    "LoLACache",
+    "LoLACacheLayer",
+    "apply_lola",
+    "attention_modules",
+    "from_pretrained",
+    "load_lolcats_checkpoint",
+    "lola_attention_forward",
+    "patch",
+    "register_attention",
+    "remove_lola",
+]

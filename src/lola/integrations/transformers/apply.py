@@ -43,7 +43,9 @@ def _geometry(module: torch.nn.Module) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
-def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None, *, force: bool = False) -> torch.nn.Module:
+def apply_lola(
+    model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None, *, force: bool = False
+) -> torch.nn.Module:
     """Make every attention layer of ``model`` a LoLA layer (in place; returns ``model``).
 
     Each attention module gets a ``lola`` submodule (:class:`lola.LoLAAttention`: feature maps
@@ -120,9 +122,9 @@ def apply_lola(model: torch.nn.Module, config: LoLAConfig | None = None, feature
     install_generation_hook(model)
     model.config.lola = config_entry(config, lora_merged=False)  # save_pretrained writes it to config.json
     if maps is not None:
-        from lola.integrations.transformers.lolcats import load_lolcats_checkpoint
-
         import re
+
+        from lola.integrations.transformers.lolcats import load_lolcats_checkpoint
 
         # layers kept as full attention have nothing to load
         keep = {k: v for k, v in maps.tensors.items() if int(re.search(r"layers\.(\d+)\.", k).group(1)) in by_layer}
@@ -161,7 +163,9 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextmanager
-def patch(model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None, *, force: bool = False) -> Iterator[torch.nn.Module]:
+def patch(
+    model: torch.nn.Module, config: LoLAConfig | None = None, feature_maps: "str | os.PathLike | FeatureMaps | None" = None, *, force: bool = False
+) -> Iterator[torch.nn.Module]:
     """``with lola.patch(model, cfg):`` — :func:`apply_lola` on entry, :func:`remove_lola` on exit.
 
     The model is restored even if the body raises. Yields ``model``.

@@ -132,10 +132,7 @@ class LoLACache(Cache):
         if model is not None and own is not model:
             raise ValueError("this LoLACache was built for another model: build one with LoLACache(model)")
         if own is None or getattr(own, "_lola", None) is not self._applied:
-            raise ValueError(
-                "this LoLACache is stale: LoLA was removed from (or re-applied to) its model since it was built; "
-                "build a new LoLACache(model)"
-            )
+            raise ValueError("this LoLACache is stale: LoLA was removed from (or re-applied to) its model since it was built; build a new LoLACache(model)")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if layer_idx == 0:  # once per forward: the model must still be patched as it was
@@ -217,7 +214,9 @@ class LoLACache(Cache):
         if saved != expected:
             saved = saved if isinstance(saved, dict) else {}
             diff = sorted(k for k in set(expected) | set(saved) if saved.get(k) != expected.get(k))
-            raise ValueError(f"the cache in {directory} was saved for another model, other weights or feature maps, or another LoLA config (they differ in {diff})")
+            raise ValueError(
+                f"the cache in {directory} was saved for another model, other weights or feature maps, or another LoLA config (they differ in {diff})"
+            )
         lengths = meta.get("cumulative_lengths")
         if not (isinstance(lengths, list) and len(lengths) == len(cache.layers) and all(type(n) is int and n >= 0 for n in lengths)):
             raise ValueError(f"{meta_path}: cumulative_lengths must be {len(cache.layers)} non-negative integers, got {lengths!r}")

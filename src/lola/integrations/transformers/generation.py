@@ -25,10 +25,7 @@ def check_cache(model: torch.nn.Module, cache: Any) -> None:
     from lola.integrations.transformers.cache import LoLACache
 
     if not isinstance(cache, LoLACache):
-        raise ValueError(
-            f"a LoLA model needs a lola LoLACache, got a {type(cache).__name__}: pass no cache (generate builds one) "
-            "or cache=LoLACache(model)"
-        )
+        raise ValueError(f"a LoLA model needs a lola LoLACache, got a {type(cache).__name__}: pass no cache (generate builds one) or cache=LoLACache(model)")
     cache.check_model(model)
 
 

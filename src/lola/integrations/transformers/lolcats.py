@@ -21,7 +21,9 @@ from lola.integrations.transformers.applied import applied
 
 __all__ = ["load_lolcats_checkpoint"]
 
-_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.(feature_map_q\.mlp\.layer|feature_map_k\.mlp\.layer|feature_map_q\.mlp\.bias|feature_map_k\.mlp\.bias|window_factors)$")
+_KEY = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.self_attn\.(feature_map_q\.mlp\.layer|feature_map_k\.mlp\.layer|feature_map_q\.mlp\.bias|feature_map_k\.mlp\.bias|window_factors)$"
+)
 
 
 def _read(source: str | os.PathLike | dict) -> dict[str, torch.Tensor]:

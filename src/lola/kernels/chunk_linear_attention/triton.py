@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..triton_utils import autotune_configs, device_guard, dot
-from ..utils import block_size, common_float_dtype, dot_precision
+from ..utils import common_float_dtype, dot_precision
 
 CHUNK_SIZE = 64
 
@@ -40,11 +40,24 @@ CHUNK_SIZE = 64
 )
 @triton.jit(do_not_specialize=["T", "NT"])  # sizes vary per call: no recompiles
 def chunk_state_fwd_kernel(
-    k, v, h, s, h0, s0, ht, st,
-    T, NT,
-    H: tl.constexpr, F: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    k,
+    v,
+    h,
+    s,
+    h0,
+    s0,
+    ht,
+    st,
+    T,
+    NT,
+    H: tl.constexpr,
+    F: tl.constexpr,
+    D: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -94,8 +107,12 @@ def chunk_state_fwd_kernel(
         [
             triton.Config({"BK": BK, "BV": BV}, num_warps=w, num_stages=st)
             for BK, BV, w, st in (
-                (64, 32, 4, 2), (64, 64, 8, 2), (64, 128, 8, 2),
-                (128, 32, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3),
+                (64, 32, 4, 2),
+                (64, 64, 8, 2),
+                (64, 128, 8, 2),
+                (128, 32, 4, 2),
+                (128, 64, 8, 2),
+                (128, 64, 8, 3),
             )
         ],
         triton.Config({"BK": 64, "BV": 64}, num_warps=8, num_stages=2),
@@ -104,10 +121,21 @@ def chunk_state_fwd_kernel(
 )
 @triton.jit(do_not_specialize=["T", "NT"])  # sizes vary per call: no recompiles
 def chunk_output_fwd_kernel(
-    q, k, v, h, s, num, den,
-    T, NT,
-    H: tl.constexpr, F: tl.constexpr, D: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    q,
+    k,
+    v,
+    h,
+    s,
+    num,
+    den,
+    T,
+    NT,
+    H: tl.constexpr,
+    F: tl.constexpr,
+    D: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -200,10 +228,16 @@ def chunk_linear_attention(
 
     with device_guard(q):
         chunk_state_fwd_kernel[grid_state](
-            k, v, h, s,
-            h0 if h0 is not None else h, s0 if s0 is not None else s,  # dummies when unused
-            ht if ht is not None else h, st if st is not None else s,
-            T, NT,
+            k,
+            v,
+            h,
+            s,
+            h0 if h0 is not None else h,
+            s0 if s0 is not None else s,  # dummies when unused
+            ht if ht is not None else h,
+            st if st is not None else s,
+            T,
+            NT,
             USE_INITIAL_STATE=initial_state is not None,
             STORE_FINAL_STATE=output_final_state,
             **common,

@@ -20,13 +20,9 @@ from ..utils import block_size, common_float_dtype, dot_precision
 from .reference import check_mixing
 
 
-
 @triton.autotune(
     configs=autotune_configs(
-        [
-            triton.Config({"BN": BN}, num_warps=w, num_stages=st)
-            for BN, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 4, 3))
-        ],
+        [triton.Config({"BN": BN}, num_warps=w, num_stages=st) for BN, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 4, 3))],
         triton.Config({"BN": 64}, num_warps=4, num_stages=2),
     ),
     # N is left out on purpose: it grows by one every step and would retune each time.
@@ -34,11 +30,27 @@ from .reference import check_mixing
 )
 @triton.jit(do_not_specialize=["N"])  # sizes vary per call: no recompiles
 def decode_step_fwd_kernel(
-    q, k, v, k_pos, fq, h, s, gate, o,
-    scale, N,
-    Hs: tl.constexpr, G: tl.constexpr, D: tl.constexpr, F: tl.constexpr,
-    BG: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr,
-    MIXING: tl.constexpr, PRECISION: tl.constexpr,
+    q,
+    k,
+    v,
+    k_pos,
+    fq,
+    h,
+    s,
+    gate,
+    o,
+    scale,
+    N,
+    Hs: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    F: tl.constexpr,
+    BG: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BF: tl.constexpr,
+    MIXING: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # MIXING: 0 lolcats, 1 lolcats_affine, 2 lola_authors, 3 softmax_only
     i_bkv = tl.program_id(0)
@@ -158,10 +170,25 @@ def decode_step(
     BD = block_size(D)
     with device_guard(q):
         decode_step_fwd_kernel[(B * Hs,)](
-            q, k, v, k_pos, fq, H, s, gate, o,
-            float(scale), N,
-            Hs=Hs, G=G, D=D, F=F,
-            BG=block_size(G), BD=BD, BF=block_size(F, hi=64 if BD <= 64 else 32),
-            MIXING=rule, PRECISION=dot_precision(dtype),
+            q,
+            k,
+            v,
+            k_pos,
+            fq,
+            H,
+            s,
+            gate,
+            o,
+            float(scale),
+            N,
+            Hs=Hs,
+            G=G,
+            D=D,
+            F=F,
+            BG=block_size(G),
+            BD=BD,
+            BF=block_size(F, hi=64 if BD <= 64 else 32),
+            MIXING=rule,
+            PRECISION=dot_precision(dtype),
         )
     return o

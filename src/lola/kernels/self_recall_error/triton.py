@@ -17,10 +17,18 @@ from ..utils import block_size, dot_precision
 
 @triton.jit(do_not_specialize=["N"])  # sizes vary per call: no recompiles
 def self_recall_error_fwd_kernel(
-    fk, v, h, s, err,
-    eps, N,
-    F: tl.constexpr, D: tl.constexpr,
-    BN: tl.constexpr, BF: tl.constexpr, BD: tl.constexpr,
+    fk,
+    v,
+    h,
+    s,
+    err,
+    eps,
+    N,
+    F: tl.constexpr,
+    D: tl.constexpr,
+    BN: tl.constexpr,
+    BF: tl.constexpr,
+    BD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -78,9 +86,18 @@ def self_recall_error(
     grid = (triton.cdiv(N, BN), B * Hh)
     with device_guard(fk):
         self_recall_error_fwd_kernel[grid](
-            fk, v, H, s, err,
-            float(eps), N,
-            F=F, D=D, BN=BN, BF=BF, BD=BD,
+            fk,
+            v,
+            H,
+            s,
+            err,
+            float(eps),
+            N,
+            F=F,
+            D=D,
+            BN=BN,
+            BF=BF,
+            BD=BD,
             # fp32 x fp32 dot (fk upcast to meet the fp32 state): tf32x3 for fp32 inputs,
             # tf32 for 16-bit ones.
             PRECISION=dot_precision(fk.dtype),

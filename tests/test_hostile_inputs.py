@@ -733,12 +733,15 @@ def test_truncated_budgets_file_names_it(tmp_path):
 
 def test_truncated_checkpoint_names_it(tmp_path):
     from lola.linearize import LinearizeConfig
-    from lola.linearize.checkpoint import read_checkpoint, write_checkpoint
+    from lola.linearize.checkpoint import checksum_path, read_checkpoint, write_checkpoint
 
     cfg = LinearizeConfig(steps=4)
     path = tmp_path / "checkpoint.pt"
     write_checkpoint(path, {"config": cfg.model_dump(), "step": 2})
     read_checkpoint(path, cfg, {}, "--steps")  # readable as written
     path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(ValueError, match=re.escape(str(path)) + " does not match its checksum in checkpoint.pt.sha256"):
+        read_checkpoint(path, cfg, {}, "--steps")
+    checksum_path(path).unlink()  # a checkpoint without its checksum: still read with care
     with pytest.raises(ValueError, match=re.escape(str(path)) + " is not a readable checkpoint"):
         read_checkpoint(path, cfg, {}, "--steps")

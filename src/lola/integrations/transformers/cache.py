@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
+from lola.checksums import sha256_file
 from lola.composer import LoLAMemory
 from lola.integrations.transformers.applied import applied, weights_digest
 from lola.integrations.transformers.attention import announce
@@ -175,7 +176,7 @@ class LoLACache(Cache):
             "format": _FORMAT,
             "fingerprint": {**self.fingerprint, "weights": weights_digest(self._model())},
             "cumulative_lengths": lengths,
-            "sha256": _sha256(weights),
+            "sha256": sha256_file(weights),
         }
         meta["checksum"] = _meta_checksum(meta)
         with open(os.path.join(directory, "cache.json"), "w") as f:
@@ -207,7 +208,7 @@ class LoLACache(Cache):
             raise ValueError(f"{directory} does not hold a lola cache (format {found!r}, expected {_FORMAT!r})")
         if meta.get("checksum") != _meta_checksum(meta):
             raise ValueError(f"{meta_path} does not match its own checksum: the file was edited or damaged")
-        if meta.get("sha256") != _sha256(weights):
+        if meta.get("sha256") != sha256_file(weights):
             raise ValueError(f"{weights} does not match the checksum in {meta_path}: the file is damaged or was changed")
         saved = meta.get("fingerprint")
         expected = {**cache.fingerprint, "weights": weights_digest(model)}
@@ -247,11 +248,3 @@ def _meta_checksum(meta: dict) -> str:
     """sha256 of ``cache.json``'s content (its ``checksum`` entry left out), in canonical JSON."""
     body = {k: v for k, v in meta.items() if k != "checksum"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

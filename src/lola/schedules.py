@@ -9,12 +9,13 @@ so with :class:`Tokenwise` and window ``η`` every query sees exactly its ``η``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["ENTRY_POINT_GROUP", "Chunkwise", "Tokenwise", "UpdateSchedule", "available", "build", "register", "unregister"]
+from lola.registry import Registry
+
+__all__ = ["ENTRY_POINT_GROUP", "Chunkwise", "Tokenwise", "UpdateSchedule", "available", "build", "register", "reload_entry_points", "unregister"]
 
 ENTRY_POINT_GROUP = "lola.schedules"
 
@@ -74,8 +75,14 @@ class Tokenwise:
 
 # -- registry ------------------------------------------------------------------------------------
 ScheduleFactory = Callable[..., UpdateSchedule]
-_REGISTRY: dict[str, ScheduleFactory] = {}
-_ENTRY_POINTS_LOADED = False
+
+
+def _check_schedule(name: str, factory: ScheduleFactory) -> None:
+    if not callable(factory):
+        raise TypeError(f"schedule {name!r} must be a callable returning an UpdateSchedule, got {factory!r}")
+
+
+_SCHEDULES: Registry[ScheduleFactory] = Registry("schedule", ENTRY_POINT_GROUP, _check_schedule)
 
 
 def register(name: str, factory: ScheduleFactory | None = None, *, overwrite: bool = False) -> Any:
@@ -88,46 +95,22 @@ def register(name: str, factory: ScheduleFactory | None = None, *, overwrite: bo
         [project.entry-points."lola.schedules"]
         strided = "my_package.schedules:strided"
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-
-    def _do(f: ScheduleFactory) -> ScheduleFactory:
-        if not callable(f):
-            raise TypeError(f"schedule {name!r} must be a callable returning an UpdateSchedule, got {f!r}")
-        if name in _REGISTRY and _REGISTRY[name] is not f and not overwrite:
-            raise ValueError(f"schedule {name!r} is already registered ({_REGISTRY[name]!r}); pass overwrite=True to replace it")
-        _REGISTRY[name] = f
-        return f
-
-    return _do if factory is None else _do(factory)
+    return _SCHEDULES.register(name, factory, overwrite=overwrite)
 
 
 def unregister(name: str) -> None:
     """Remove a registration (mostly for tests)."""
-    _REGISTRY.pop(name, None)
-
-
-def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            register(ep.name, ep.load())
+    _SCHEDULES.unregister(name)
 
 
 def reload_entry_points() -> None:
     """Look at the ``lola.schedules`` entry points again (after installing a plug-in at run time)."""
-    global _ENTRY_POINTS_LOADED
-    _ENTRY_POINTS_LOADED = False
-    _load_entry_points()
+    _SCHEDULES.reload_entry_points()
 
 
 def available() -> list[str]:
     """Sorted names of every registered schedule, entry points included."""
-    _load_entry_points()
-    return sorted(_REGISTRY)
+    return _SCHEDULES.available()
 
 
 def build(name: str, chunk: int, **kwargs: Any) -> UpdateSchedule:
@@ -137,13 +120,11 @@ def build(name: str, chunk: int, **kwargs: Any) -> UpdateSchedule:
         ValueError: ``name`` is unknown (the message lists the registered ones), or the factory
             returned something without ``period`` and ``tokens_until_step``.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"schedule name must be a string, got {name!r} ({type(name).__name__})")
-    if name not in _REGISTRY:
-        _load_entry_points()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown schedule {name!r}; available: {', '.join(available())}")
-    schedule = _REGISTRY[name](chunk=chunk, **kwargs)
+    try:
+        factory = _SCHEDULES.get(name)
+    except KeyError as err:
+        raise ValueError(err.args[0]) from None
+    schedule = factory(chunk=chunk, **kwargs)
     if not isinstance(schedule, UpdateSchedule) or not isinstance(schedule.period, int) or schedule.period < 1:
         raise ValueError(f"schedule {name!r} built {schedule!r}: expected an UpdateSchedule with an int period >= 1")
     return schedule

@@ -95,6 +95,7 @@ API_PAGES = {
     "lola.integrations.lm_eval.niah": "lm_eval.rst",
     "lola.models": "models.rst",
     "lola.checksums": "models.rst",
+    "lola.registry": "schedules.rst",
     "lola.outputs": "models.rst",
     "lola.data": "data.rst",
     "lola.corpora": "data.rst",

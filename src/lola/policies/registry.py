@@ -10,18 +10,24 @@ after which ``LoLAConfig(policy="my_policy")`` works with no edit to lola.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from lola.policies.base import ScoringPolicy
+from lola.registry import Registry
 
 __all__ = ["ENTRY_POINT_GROUP", "available", "build", "get", "register", "unregister"]
 
 ENTRY_POINT_GROUP = "lola.policies"
 
 PolicyFactory = Callable[..., ScoringPolicy]
-_REGISTRY: dict[str, PolicyFactory] = {}
-_ENTRY_POINTS_LOADED = False
+
+
+def _check_policy(name: str, factory: PolicyFactory) -> None:
+    if not callable(factory) or not callable(getattr(factory, "score", None)):
+        raise TypeError(f"policy {name!r} must be a class or factory with a score(candidates, ctx) method, got {factory!r}")
+
+
+_POLICIES: Registry[PolicyFactory] = Registry("policy", ENTRY_POINT_GROUP, _check_policy)
 
 
 def register(name: str, factory: PolicyFactory | None = None, *, overwrite: bool = False) -> Any:
@@ -41,46 +47,22 @@ def register(name: str, factory: PolicyFactory | None = None, *, overwrite: bool
             def score(self, candidates, ctx):
                 return candidates.v.float().norm(dim=-1)
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-
-    def _do(f: PolicyFactory) -> PolicyFactory:
-        if not callable(f) or not callable(getattr(f, "score", None)):
-            raise TypeError(f"policy {name!r} must be a class or factory with a score(candidates, ctx) method, got {f!r}")
-        if name in _REGISTRY and _REGISTRY[name] is not f and not overwrite:
-            raise ValueError(f"policy {name!r} is already registered ({_REGISTRY[name]!r}); pass overwrite=True to replace it")
-        _REGISTRY[name] = f
-        return f
-
-    return _do if factory is None else _do(factory)
+    return _POLICIES.register(name, factory, overwrite=overwrite)
 
 
 def unregister(name: str) -> None:
     """Remove a registration (mostly for tests)."""
-    _REGISTRY.pop(name, None)
-
-
-def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            register(ep.name, ep.load())
+    _POLICIES.unregister(name)
 
 
 def reload_entry_points() -> None:
     """Look at the ``lola.policies`` entry points again (after installing a plug-in at run time)."""
-    global _ENTRY_POINTS_LOADED
-    _ENTRY_POINTS_LOADED = False
-    _load_entry_points()
+    _POLICIES.reload_entry_points()
 
 
 def available() -> list[str]:
     """Sorted names of every registered policy, entry points included."""
-    _load_entry_points()
-    return sorted(_REGISTRY)
+    return _POLICIES.available()
 
 
 def get(name: str) -> PolicyFactory:
@@ -90,13 +72,7 @@ def get(name: str) -> PolicyFactory:
         KeyError: naming the valid policies.
         TypeError: ``name`` is not a string.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"policy name must be a string, got {name!r} ({type(name).__name__})")
-    if name not in _REGISTRY:
-        _load_entry_points()
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown policy {name!r}; available: {', '.join(available())}")
-    return _REGISTRY[name]
+    return _POLICIES.get(name)
 
 
 def build(name: str, **kwargs: Any) -> ScoringPolicy:

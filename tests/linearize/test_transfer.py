@@ -186,3 +186,16 @@ def test_niah_methods_take_the_trained_mixing_unless_told_otherwise(trained):
     # without feature maps: softmax_only for lola, lola_authors for the hybrid (as before)
     plain = method_configs(NiahRun(**small))
     assert plain["lola-sre"].mixing == "softmax_only" and plain["lolcats"].mixing == "lola_authors"
+
+
+def test_niah_records_the_configs_the_methods_really_ran(trained, tmp_path):
+    """results.json shows each method's config after the feature maps filled in their fields."""
+    out, _ = trained
+    folder = tmp_path / "n"
+    args = ["niah", "--model", "tiny-random-llama", "--feature-maps", str(out), "--methods", "lolcats", "lola"]
+    assert main([*args, "--lengths", "512", "--samples", "1", "--out", str(folder)]) == 0
+    methods = json.loads((folder / "results.json").read_text())["methods"]
+    trained_cfg = read_feature_maps(out).config
+    for name in ("lolcats", "lola-sre"):
+        assert methods[name]["mixing"] == trained_cfg.mixing == "lolcats"
+        assert methods[name]["feature_map"] == trained_cfg.feature_map

@@ -379,11 +379,13 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
         maps = read_feature_maps(run.feature_maps)
         check_geometry(maps, model)
     configs = method_configs(run)
+    # What each method really runs: trained maps fill in the fields a config leaves unset.
+    effective = {m: c if c is None or maps is None else maps.merge_into(c) for m, c in configs.items()}
     prompts = niah_prompts(run, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
     records = list(done.values())
-    _write_results(results_path, run, records)  # claims the folder; a resume keeps its summary
+    _write_results(results_path, run, records, effective)  # claims the folder; a resume keeps its summary
     samples_path = out / SAMPLES_FILE
     todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done]
     bar = tqdm(total=len(configs) * len(prompts), initial=len(configs) * len(prompts) - len(todo), desc="niah", disable=not progress)
@@ -392,12 +394,12 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     except BaseException:  # interrupted or failed: results.json still summarises every saved sample
         bar.close()
         try:
-            _write_results(results_path, run, records)
+            _write_results(results_path, run, records, effective)
         except Exception:  # noqa: S110 - the original error is the one to report
             pass
         raise
     bar.close()
-    _write_results(results_path, run, records)
+    _write_results(results_path, run, records, effective)
     plot_results(records, out)
     return records
 
@@ -581,7 +583,7 @@ def format_intervals(summary: dict[str, dict[int, dict[str, float]]]) -> str:
     return _table(summary, lambda c: f"{c['accuracy']:>6.1f}% [{c['low']:>3.0f}-{c['high']:>3.0f}] n={c['samples']:<3}", 22)
 
 
-def _write_results(path: Path, run: NiahRun, records: list[dict]) -> None:
+def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict) -> None:
     import transformers
 
     import lola
@@ -590,7 +592,7 @@ def _write_results(path: Path, run: NiahRun, records: list[dict]) -> None:
         "format": RESULTS_FORMAT,
         "run": run.model_dump(),
         "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
-        "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in method_configs(run).items()},
+        "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in configs.items()},
         "summary": {m: {str(n): v for n, v in by.items()} for m, by in summarize(records).items()},
         "summary_by_depth": summarize_by_depth(records),
     }

@@ -67,9 +67,9 @@ def test_built_in_schedules_are_registered():
 
 
 def test_a_registered_schedule_is_chosen_from_the_config():
-    schedules.register("every_other_chunk", lambda chunk: EveryOtherChunk(chunk))
+    schedules.register("every_second_chunk", lambda chunk: EveryOtherChunk(chunk))
     try:
-        cfg = lola.LoLAConfig(window=8, sparse_size=4, chunk=4, schedule="every_other_chunk")
+        cfg = lola.LoLAConfig(window=8, sparse_size=4, chunk=4, schedule="every_second_chunk")
         o, state = _layer_outputs(cfg)
         assert state.schedule == EveryOtherChunk(4)
         # every other step of chunkwise(4) is chunkwise(8) shifted by nothing: the same steps
@@ -78,7 +78,7 @@ def test_a_registered_schedule_is_chosen_from_the_config():
         o4, _ = _layer_outputs(lola.LoLAConfig(window=8, sparse_size=4, chunk=4))
         assert not torch.allclose(o, o4)
     finally:
-        schedules.unregister("every_other_chunk")
+        schedules.unregister("every_second_chunk")
 
 
 def test_unknown_schedules_and_bad_factories_are_refused():

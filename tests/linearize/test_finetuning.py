@@ -167,7 +167,7 @@ def test_stage2_refusals(stage1, tmp_path):
         finetune(sharp_model(), ByteTokenizer(), STAGE2.model_copy(update={"steps": 1, "checkpoint_every": 1}), out, progress=False, log=lambda s: None)
     data = (out / FINETUNE_CHECKPOINT_FILE).read_bytes()
     (out / FINETUNE_CHECKPOINT_FILE).write_bytes(data[: len(data) // 3])
-    with pytest.raises(ValueError, match="checkpoint-stage2.pt is not a readable checkpoint"):
+    with pytest.raises(ValueError, match="checkpoint-stage2.pt does not match its checksum"):
         finetune(sharp_model(), ByteTokenizer(), STAGE2.model_copy(update={"steps": 2, "checkpoint_every": 1}), out, progress=False, log=lambda s: None)
     (out / FINETUNE_CHECKPOINT_FILE).unlink()
     with pytest.raises(ValueError, match="already holds stage-2 LoRA"):

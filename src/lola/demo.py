@@ -16,6 +16,7 @@ import torch
 
 from lola.config import LoLAConfig
 from lola.layer import compose
+from lola.methods import METHODS, method_config
 
 __all__ = ["DemoResult", "check_demo_args", "run_demo"]
 
@@ -46,8 +47,11 @@ def _haystack(length: int, head_dim: int, vocab: int, depth: float, gen: torch.G
 
 
 MIN_BUDGET = 8
-"""Smallest exact budget: the LoLA variants keep 4 sinks, a window and a sparse cache of
-``budget // 2`` tokens each."""
+"""Smallest exact budget: the LoLA variants keep 4 sinks, a sparse cache of ``budget // 2``
+tokens and a window of the rest; ``window`` and ``lolcats`` keep 4 sinks and a window of the rest."""
+
+DEMO_POLICIES = ("sre", "recency", "random")
+"""The scoring policies the demo's ``lola`` method runs with (``lola-<policy>``)."""
 
 
 def check_demo_args(length: object, trials: object, budget: object, prefix: str = "") -> None:
@@ -72,7 +76,8 @@ def check_demo_args(length: object, trials: object, budget: object, prefix: str 
 
 
 def run_demo(length: int = 2048, trials: int = 8, budget: int = 128, head_dim: int = 64, vocab: int = 4, seed: int = 0) -> list[DemoResult]:
-    """Run every method on the same trials and return one :class:`DemoResult` per method.
+    """Run every method (:mod:`lola.methods`; ``lola`` once per policy of :data:`DEMO_POLICIES`)
+    on the same trials and return one :class:`DemoResult` per method.
 
     Args:
         length: tokens per trial.
@@ -87,13 +92,16 @@ def run_demo(length: int = 2048, trials: int = 8, budget: int = 128, head_dim: i
     """
     check_demo_args(length, trials, budget)
     half = budget // 2
-    methods = {
-        "full": LoLAConfig(window=length, sparse_size=0, sinks=0, chunk=length),
-        "window": LoLAConfig(window=budget - 4, sparse_size=0, sinks=4, chunk=half, mixing="softmax_only"),
-        "lolcats": LoLAConfig(window=budget - 4, sparse_size=0, sinks=4, chunk=half, mixing="lola_authors"),
-    }
-    for policy in ("sre", "recency", "random"):
-        methods[f"lola-{policy}"] = LoLAConfig(window=half - 4, sparse_size=half, sinks=4, chunk=half, policy=policy, mixing="lola_authors")
+    settings = dict(window=budget - 4 - half, sparse_size=half, sinks=4, chunk=half, mixing="lola_authors")
+    methods: dict[str, LoLAConfig] = {}
+    for method in METHODS:
+        if method == "full":  # stock attention: one head with every token exact
+            methods["full"] = LoLAConfig(window=length, sparse_size=0, sinks=0, chunk=length)
+        elif method == "lola":
+            for policy in DEMO_POLICIES:
+                methods[f"lola-{policy}"] = method_config("lola", policy=policy, **settings)
+        else:
+            methods[method] = method_config(method, **settings)
     results = []
     for name, cfg in methods.items():
         attn = compose(cfg, num_heads=1, head_dim=head_dim)

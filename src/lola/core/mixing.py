@@ -13,6 +13,10 @@ the linear partial and ``w = sigmoid(window_factor)`` per head:
   but does not enter the output.
 
 A zero denominator (a query that sees nothing) gives ``y = 0``, never NaN.
+
+The arithmetic lives in one place, :func:`lola.kernels.mix_partials` (which the fused
+:func:`lola.kernels.decode_step` also implements); this module names the rules and adapts the
+partial objects.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from enum import Enum
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial
+from lola.kernels.decode_step.reference import mix_partials
 
-__all__ = ["MixingRule", "mix"]
+__all__ = ["MixingRule", "kernel_mixing", "mix"]
 
 
 class MixingRule(str, Enum):
@@ -32,6 +37,13 @@ class MixingRule(str, Enum):
     LOLCATS = "lolcats"
     LOLA_AUTHORS = "lola_authors"
     SOFTMAX_ONLY = "softmax_only"
+
+
+def kernel_mixing(rule: MixingRule | str, affine: bool = False) -> str:
+    """The :data:`lola.kernels.MIXING_RULES` name of ``rule`` (``lolcats`` + ``affine`` is
+    ``"lolcats_affine"``)."""
+    rule = MixingRule(rule)
+    return "lolcats_affine" if rule is MixingRule.LOLCATS and affine else rule.value
 
 
 def mix(
@@ -53,21 +65,4 @@ def mix(
     Returns:
         ``[B, H, L, D]`` float32 outputs.
     """
-    rule = MixingRule(rule)
-    w = gate.float().view(1, -1, 1)
-    finite = torch.isfinite(exact.max)
-    if rule is MixingRule.SOFTMAX_ONLY:
-        num, den = exact.num, exact.den
-    elif rule is MixingRule.LOLCATS:
-        lin_w = (1.0 - w) if affine else torch.ones_like(w)
-        num = w.unsqueeze(-1) * exact.num + lin_w.unsqueeze(-1) * linear.num
-        den = w * exact.den + lin_w * linear.den
-    else:  # LOLA_AUTHORS
-        m = torch.where(finite, exact.max, 0.0)
-        c = m.clamp_min(0.0)
-        e_scale = torch.where(finite, torch.exp(m - c), 0.0) * w
-        l_scale = torch.exp(-c) * (1.0 - w)
-        num = e_scale.unsqueeze(-1) * exact.num + l_scale.unsqueeze(-1) * linear.num
-        den = e_scale * exact.den + l_scale * linear.den
-    safe = den != 0
-    return torch.where(safe.unsqueeze(-1), num / torch.where(safe, den, 1.0).unsqueeze(-1), 0.0)
+    return mix_partials(exact.num, exact.den, exact.max, linear.num, linear.den, gate, kernel_mixing(rule, affine))

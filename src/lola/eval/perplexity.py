@@ -19,10 +19,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
+from lola.methods import METHODS, method_config
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
 
-PPL_METHODS = ("full", "lolcats", "lola")
+PPL_METHODS = tuple(m for m in METHODS if m != "window")
+"""The methods of :data:`lola.methods.METHODS` that ``lola perplexity`` measures (all but ``window``)."""
 
 
 class PerplexityRun(BaseModel):
@@ -32,7 +34,7 @@ class PerplexityRun(BaseModel):
 
     model: str = "smollm2-135m-instruct"
     lengths: list[Annotated[StrictInt, Field(ge=2, le=MAX_TOKENS)]] = Field(default_factory=lambda: [1024, 2048], min_length=1)
-    methods: list[Literal["full", "lolcats", "lola"]] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1)
+    methods: list[Literal[PPL_METHODS]] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1)
     feature_maps: str | None = None
     window: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
     sparse_size: Tokens = 64
@@ -71,20 +73,24 @@ class PerplexityRun(BaseModel):
 
 
 def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
-    """``{method: LoLA config}`` (``None`` = stock attention): ``lolcats`` is the hybrid (window +
-    linear state), ``lola`` adds the sparse cache; the mixing rule comes from the feature maps."""
-    common = dict(window=run.window, sinks=run.sinks, chunk=run.chunk)
-    if run.feature_maps is None:
-        common["mixing"] = "lola_authors"
-    out: dict[str, LoLAConfig | None] = {}
-    for method in run.methods:
-        if method == "full":
-            out["full"] = None
-        elif method == "lolcats":
-            out["lolcats"] = LoLAConfig(sparse_size=0, **common)
-        else:
-            out["lola"] = LoLAConfig(sparse_size=run.sparse_size, policy=run.policy, **common)
-    return out
+    """``{method: LoLA config}`` (``None`` = stock attention), built by :func:`lola.methods.method_config`:
+    ``lolcats`` is the hybrid (window + linear state, the window of ``lola``), ``lola`` adds the
+    sparse cache; the mixing rule comes from the feature maps, else ``lola_authors``."""
+    trained = run.feature_maps is not None
+    return {
+        method: method_config(
+            method,
+            window=run.window,
+            sparse_size=run.sparse_size,
+            sinks=run.sinks,
+            chunk=run.chunk,
+            policy=run.policy,
+            mixing=None if trained else "lola_authors",
+            trained_maps=trained,
+            hybrid_window="window",
+        )
+        for method in run.methods
+    }
 
 
 @torch.no_grad()

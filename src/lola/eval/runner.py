@@ -1,6 +1,6 @@
 """Run the needle-in-a-haystack experiment: every method on the same samples, resumable.
 
-Methods (all but ``full`` share one exact-token budget ``sinks + window + sparse_size``):
+Methods (:mod:`lola.methods`; all but ``full`` share one exact-token budget ``sinks + window + sparse_size``):
 
 - ``full``: stock attention and a growing cache.
 - ``window``: sinks + a sliding window of the whole budget, softmax only.
@@ -25,6 +25,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
+from lola.methods import METHODS, method_config
 
 __all__ = [
     "METHODS",
@@ -43,7 +44,6 @@ __all__ = [
     "wilson_interval",
 ]
 
-METHODS = ("full", "window", "lolcats", "lola")
 RESULTS_FORMAT = "lola-niah-results"
 """The ``format`` marker of ``results.json``: a results folder without it is not lola's."""
 RESULTS_FILE = "results.json"
@@ -197,37 +197,30 @@ def _with_budgets(cfg: LoLAConfig, budgets: str | None, model: str) -> LoLAConfi
 
 
 def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
-    """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods."""
-    common = dict(sinks=run.sinks, chunk=run.chunk, gqa_storage=run.gqa_storage)
-    wide = run.window + run.sparse_size  # the window-only methods get the whole budget
+    """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods, built by
+    :func:`lola.methods.method_config`; ``lola`` is run once per policy (``lola-<policy>``) and
+    once per variant (``lola-<name>``)."""
     # With trained feature maps an unset mixing rule is left to the maps (apply_lola fills it in).
-    if run.feature_maps is None:
-        lola_mixing = {"mixing": run.mixing or "softmax_only"}
-        hybrid_mixing = {"mixing": "lola_authors" if lola_mixing["mixing"] == "softmax_only" else lola_mixing["mixing"]}
-    else:
-        lola_mixing = {"mixing": run.mixing} if run.mixing else {}
-        hybrid_mixing = {}
+    settings = dict(
+        window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
+    )
+    common = {"gqa_storage": run.gqa_storage}
     out: dict[str, LoLAConfig | None] = {}
     for method in run.methods:
-        if method == "full":
-            out["full"] = None
-        elif method == "window":
-            out["window"] = LoLAConfig(window=wide, sparse_size=0, mixing="softmax_only", **common)
-        elif method == "lolcats":
-            out["lolcats"] = LoLAConfig(window=wide, sparse_size=0, **hybrid_mixing, **common)
-        else:
-            base = dict(window=run.window, sparse_size=run.sparse_size, **lola_mixing, **common)
-            for policy in run.policies:
-                out[f"lola-{policy}"] = _with_budgets(LoLAConfig(policy=policy, **base), run.budgets, run.model)
-            for name, fields in run.variants.items():
-                fields = dict(fields)
-                budgets = fields.pop("budgets", None)
-                try:
-                    out[f"lola-{name}"] = _with_budgets(LoLAConfig(**{**base, **fields}), budgets, run.model)
-                except ValidationError as err:
-                    raise ValueError(f"variant {name!r}: {validation_summary(err)}") from None
-                except ValueError as err:
-                    raise ValueError(f"variant {name!r}: {err}") from None
+        if method != "lola":
+            out[method] = method_config(method, **settings, overrides=common)
+            continue
+        for policy in run.policies:
+            out[f"lola-{policy}"] = _with_budgets(method_config("lola", policy=policy, **settings, overrides=common), run.budgets, run.model)
+        for name, fields in run.variants.items():
+            fields = dict(fields)
+            budgets = fields.pop("budgets", None)
+            try:
+                out[f"lola-{name}"] = _with_budgets(method_config("lola", **settings, overrides={**common, **fields}), budgets, run.model)
+            except ValidationError as err:
+                raise ValueError(f"variant {name!r}: {validation_summary(err)}") from None
+            except ValueError as err:
+                raise ValueError(f"variant {name!r}: {err}") from None
     return out
 
 

@@ -10,7 +10,8 @@ Ops (shapes in each docstring):
 Each op lives in ``lola.kernels.<op>/`` with ``reference.py`` (the definition, also the
 CPU path) and ``triton.py`` (the fused kernels). Which one runs is decided per call
 (:mod:`lola.kernels.dispatch`): env var ``LOLA_KERNELS=auto|triton|reference`` or the
-:func:`use_backend` context manager. :func:`backend` tells which one would run.
+:func:`use_backend` context manager. :func:`backend` tells which one would run;
+:func:`record_calls` counts the ops that did.
 
 Note: the attribute ``lola.kernels.<op>`` is the *function*; import the modules with
 ``from lola.kernels.<op> import reference`` (not ``import lola.kernels.<op>.reference as``).
@@ -18,7 +19,7 @@ Note: the attribute ``lola.kernels.<op>`` is the *function*; import the modules 
 
 from .chunk_linear_attention import chunk_linear_attention
 from .decode_step import MIXING_RULES, decode_step, mix_partials
-from .dispatch import BACKENDS, ENV_VAR, backend, requested_backend, triton_available, use_backend
+from .dispatch import BACKENDS, ENV_VAR, backend, record_calls, requested_backend, triton_available, use_backend
 from .self_recall_error import self_recall_error
 from .softmax_partial import softmax_partial
 
@@ -30,6 +31,7 @@ __all__ = [
     "mix_partials",
     "MIXING_RULES",
     "backend",
+    "record_calls",
     "requested_backend",
     "triton_available",
     "use_backend",

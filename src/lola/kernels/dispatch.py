@@ -17,6 +17,7 @@ through them would silently get wrong gradients.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib
@@ -46,7 +47,12 @@ def requested_backend() -> str:
     stack = getattr(_local, "stack", None)
     if stack:
         return stack[-1]
-    return _validate(os.environ.get(ENV_VAR, "auto") or "auto", ENV_VAR)
+    return _env_backend(os.environ.get(ENV_VAR, "auto"))
+
+
+@functools.lru_cache(maxsize=8)
+def _env_backend(raw: str) -> str:
+    return _validate(raw or "auto", ENV_VAR)
 
 
 @contextlib.contextmanager
@@ -104,10 +110,12 @@ def backend(*tensors) -> str:
     Raises like the ops do when ``triton`` is forced but cannot run.
     """
     requested = requested_backend()
-    devices = _devices(tensors)
-    all_cuda = all(d.type == "cuda" for d in devices)
     if requested == "reference" or needs_grad(tensors):
         return "reference"
+    if requested == "auto" and any(isinstance(t, torch.Tensor) and not t.is_cuda for t in tensors):
+        return "reference"  # the common CPU case, decided without building the device list
+    devices = _devices(tensors)
+    all_cuda = all(d.type == "cuda" for d in devices)
     if requested == "auto":
         return "triton" if all_cuda and triton_available() else "reference"
     # forced triton
@@ -122,11 +130,38 @@ def backend(*tensors) -> str:
     return "triton"
 
 
+@contextlib.contextmanager
+def record_calls() -> Iterator[collections.Counter]:
+    """Count the ops dispatched in the current thread inside a ``with`` block.
+
+    Yields a :class:`collections.Counter` keyed by ``(op, backend)``, e.g.
+    ``{("softmax_partial", "reference"): 12, ("decode_step", "reference"): 30}``; it fills as
+    ops run. Blocks nest (each counts what ran inside it). Useful to see which kernels a model
+    really runs, and in tests that the engine does not bypass them.
+    """
+    counter: collections.Counter = collections.Counter()
+    recorders = getattr(_local, "recorders", None)
+    if recorders is None:
+        recorders = _local.recorders = []
+    recorders.append(counter)
+    try:
+        yield counter
+    finally:
+        recorders.remove(counter)
+
+
+_MODULES: dict[tuple[str, str], object] = {}
+
+
 def implementation(op: str, *tensors) -> Callable:
     """The function implementing ``op`` (a subpackage name) for these inputs."""
     name = backend(*tensors)
-    try:
-        module = importlib.import_module(f"{__package__}.{op}.{name}")
-    except ImportError as e:  # e.g. the jit decorator failing to set up the interpreter
-        raise RuntimeError(f"cannot load the {name} implementation of {op}: {e}") from e
+    for counter in getattr(_local, "recorders", ()):
+        counter[(op, name)] += 1
+    module = _MODULES.get((op, name))
+    if module is None:  # first use: import (per call, the lookup would cost more than a small op)
+        try:
+            module = _MODULES[(op, name)] = importlib.import_module(f"{__package__}.{op}.{name}")
+        except ImportError as e:  # e.g. the jit decorator failing to set up the interpreter
+            raise RuntimeError(f"cannot load the {name} implementation of {op}: {e}") from e
     return getattr(module, op)

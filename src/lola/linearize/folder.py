@@ -84,10 +84,10 @@ class FeatureMaps:
 
 def model_geometry(model: torch.nn.Module) -> dict:
     """``num_layers, num_heads, num_kv_heads, head_dim`` of a Llama-family model."""
-    from lola.integrations.transformers.apply import _geometry, attention_modules
+    from lola.integrations.transformers.geometry import attention_geometry, attention_modules
 
     modules = attention_modules(model)
-    heads, kv_heads, head_dim = _geometry(modules[0])
+    heads, kv_heads, head_dim = attention_geometry(modules[0])
     return {"num_layers": len(modules), "num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}
 
 

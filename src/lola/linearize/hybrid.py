@@ -6,10 +6,11 @@ linearly to every older key ``j ≤ i − window``; the two partials are combine
 ``window=η, sparse_size=0, sinks=0, schedule="tokenwise"``, written for a whole sequence at
 once so attention transfer can train the feature maps by backpropagation.
 
-Blocks of ``window`` tokens make both parts cheap: a query in block ``b`` sees exactly block
-``b−1`` (keys after it) and block ``b`` (keys up to itself); its linear part is the state of
-blocks ``≤ b−2`` plus block ``b−1``'s keys up to its own offset. Cost ``O(T·window·(D+F) +
-T·F·D)``, not ``O(T²)``.
+Blocks of ``window`` tokens make the exact part cheap: a query in block ``b`` sees exactly
+block ``b−1`` (keys after it) and block ``b`` (keys up to itself). The linear part is a causal
+linear scan over the keys shifted ``window`` places later, one
+:func:`lola.kernels.chunk_linear_attention` call. Cost ``O(T·window·(D+F) + T·F·D)``, not
+``O(T²)``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial, mix
+from lola.kernels import chunk_linear_attention
 
 __all__ = ["hybrid_attention"]
 
@@ -67,7 +69,6 @@ def hybrid_attention(
     b, h, t, d = q.shape
     W = window
     qb, kb, vb = (_blocks(x.float(), W) for x in (q, k, v))
-    fqb, fkb = _blocks(fq.float(), W), _blocks(fk.float(), W)
     nb = qb.shape[2]
     device = q.device
 
@@ -88,15 +89,9 @@ def hybrid_attention(
         max=m.reshape(b, h, -1)[:, :, :t],
     )
 
-    # linear part: state of blocks <= b-2, plus block b-1's keys at offsets <= a
-    kv = torch.einsum("bhncf,bhncd->bhnfd", fkb, vb)  # per block
-    ks = fkb.sum(dim=3)  # [B, H, nb, F]
-    kv_before = F.pad(kv.cumsum(dim=2), (0, 0, 0, 0, 2, 0))[:, :, :nb]  # blocks <= b-2
-    ks_before = F.pad(ks.cumsum(dim=2), (0, 0, 2, 0))[:, :, :nb]
-    fk_prev, v_prev = _previous(fkb), _previous(vb)
-    lower = torch.ones(W, W, dtype=torch.bool, device=device).tril()
-    A = torch.einsum("bhnaf,bhncf->bhnac", fqb, fk_prev).masked_fill(~lower, 0.0)
-    lin_num = torch.einsum("bhnaf,bhnfd->bhnad", fqb, kv_before) + torch.einsum("bhnac,bhncd->bhnad", A, v_prev)
-    lin_den = torch.einsum("bhnaf,bhnf->bhna", fqb, ks_before) + A.sum(-1)
-    linear = LinearPartial(num=lin_num.reshape(b, h, -1, d)[:, :, :t], den=lin_den.reshape(b, h, -1)[:, :, :t])
+    # linear part: every key at least `window` older than the query, i.e. a causal linear scan
+    # over the keys shifted `window` places later (key j sits at position j + window).
+    shifted = [F.pad(x.float(), (0, 0, W, 0))[:, :, :t].transpose(1, 2) for x in (fk, v)]  # [B, T, H, ·]
+    num, den, _ = chunk_linear_attention(fq.float().transpose(1, 2), *shifted)
+    linear = LinearPartial(num=num.transpose(1, 2), den=den.transpose(1, 2))
     return mix(exact, linear, gate, mixing, affine)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lola.config import LoLAConfig
 from lola.data import describe, encode, load_split, token_chunks
+from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 from lola.layer import LoLAAttention, compose
 from lola.linearize.checkpoint import read_checkpoint, write_checkpoint
 from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
@@ -41,7 +42,7 @@ class LinearizeConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     window: int = Field(64, ge=1, description="exact keys per query of the hybrid (η)")
-    feature_map: Literal["hedgehog", "hedgehog_identity"] = "hedgehog_identity"
+    feature_map: Literal[TRAINABLE_FEATURE_MAPS] = DEFAULT_FEATURE_MAP
     feature_dim: int = Field(64, ge=1, description="f of the Hedgehog map (F = 2f); = head_dim for hedgehog_identity")
     mixing: Literal["lolcats", "lola_authors"] = "lolcats"
     affine: bool = False
@@ -94,12 +95,12 @@ def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int) -> t
 
 
 def _students(model: torch.nn.Module, cfg: LinearizeConfig) -> dict[int, LoLAAttention]:
-    from lola.integrations.transformers.apply import _geometry, attention_modules
+    from lola.integrations.transformers.geometry import attention_geometry, attention_modules
 
     hybrid = hybrid_config(cfg)
     students = {}
     for module in attention_modules(model):
-        heads, kv_heads, head_dim = _geometry(module)
+        heads, kv_heads, head_dim = attention_geometry(module)
         layer_cfg = hybrid.model_copy(update={"scale": float(getattr(module, "scaling", head_dim**-0.5))})
         students[module.layer_idx] = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads)
     return students

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial
+from lola.kernels.softmax_partial.reference import masked_logits, partials_from_logits
 
 __all__ = ["ExactStore", "KVBlock", "MemorySystem", "QueryBlock", "exact_logits", "partial_from_logits"]
 
@@ -127,34 +128,21 @@ def exact_logits(query: QueryBlock, block: KVBlock) -> torch.Tensor:
 
     Returns:
         ``[B, H, L, N]`` float32 ``scale · q·k``, ``-inf`` where the slot is empty, later than
-        the query, or the query is padding.
+        the query, or the query is padding (:func:`lola.kernels.softmax_partial.reference.masked_logits`).
     """
-    b, h, l, d = query.q.shape
-    hs = block.k.shape[1]
-    g = h // hs
-    q = query.q.float().reshape(b, hs, g * l, d)  # a group's heads and queries share one matmul
-    s = torch.matmul(q, block.k.float().transpose(-1, -2)).view(b, hs, g, l, block.k.shape[2]) * query.scale
-    kpos = block.pos.view(b, hs, 1, 1, -1)
-    qpos = query.pos.view(b, 1, 1, l, 1)
-    visible = (kpos >= 0) & (kpos <= qpos) & (qpos >= 0)
-    return s.masked_fill(~visible, float("-inf")).view(b, h, l, block.k.shape[2])
+    return masked_logits(query.q, block.k, query.pos, block.pos, query.scale)
 
 
 def partial_from_logits(logits: torch.Tensor, v: torch.Tensor, keep_logits: bool = False) -> SoftmaxPartial:
-    """Softmax partial from masked logits.
+    """Softmax partial from masked logits (the arithmetic of :func:`lola.kernels.softmax_partial`).
 
     Args:
         logits: ``[B, H, L, N]`` float32, ``-inf`` where invisible.
         v: ``[B, Hs, N, D]`` values.
         keep_logits: attach ``logits`` to the partial (for attention-based policies).
     """
-    b, h, l, n = logits.shape
-    hs = v.shape[1]
-    m = logits.amax(dim=-1) if n > 0 else logits.new_full((b, h, l), float("-inf"))
-    finite = torch.isfinite(m)
-    p = torch.exp(logits - torch.where(finite, m, 0.0).unsqueeze(-1))  # exp(-inf) = 0 for masked slots
-    num = torch.matmul(p.reshape(b, hs, (h // hs) * l, n), v.float()).view(b, h, l, v.shape[-1])
-    return SoftmaxPartial(num=num, den=p.sum(-1), max=m, logits=logits if keep_logits else None)
+    num, den, m = partials_from_logits(logits, v)
+    return SoftmaxPartial(num=num, den=den, max=m, logits=logits if keep_logits else None)
 
 
 class ExactStore:
@@ -196,6 +184,16 @@ class ExactStore:
         if self.block is None:
             raise RuntimeError(f"{type(self).__name__} is not allocated yet: write to it first")
         return self.block
+
+    @property
+    def reads_block(self) -> bool:
+        """Whether :meth:`read` is exactly the softmax partial over :attr:`block` (the stock read).
+
+        The composer then reads several such stores with one kernel call over their
+        concatenated slots (and decodes with one fused step). A subclass that overrides
+        :meth:`read` (a quantised or compressed store) is read through its own method.
+        """
+        return type(self).read is ExactStore.read
 
     # -- MemorySystem -------------------------------------------------------------------------
     def read(self, query: QueryBlock, keep_logits: bool = False) -> SoftmaxPartial:

@@ -33,14 +33,16 @@ class LinearState:
     def allocated(self) -> bool:
         return self.H is not None
 
-    def _require(self) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(H [B, H, F, D], s [B, H, F])``, float32; raises if not allocated."""
         if self.H is None or self.s is None:
             raise RuntimeError("LinearState is not allocated yet: write to it first")
         return self.H, self.s
 
     def read(self, query: QueryBlock) -> LinearPartial:
         """``num = φ(q)ᵀH [B, H, L, D]``, ``den = φ(q)ᵀs [B, H, L]``."""
-        H, s = self._require()
+        H, s = self.state
         fq = query.fq.float()
         return LinearPartial(num=torch.matmul(fq, H), den=torch.matmul(fq, s.unsqueeze(-1)).squeeze(-1))
 
@@ -52,7 +54,7 @@ class LinearState:
             v: ``[B, H, N, D]`` values.
             mask: ``[B, H, N]`` bool, the tokens to fold.
         """
-        H, s = self._require()
+        H, s = self.state
         fk = torch.where(mask.unsqueeze(-1), fk.float(), 0.0)
         # Out of place: earlier reads of H may be saved for autograd (training feature maps).
         self.H = H + torch.matmul(fk.transpose(-1, -2), torch.where(mask.unsqueeze(-1), v.float(), 0.0))

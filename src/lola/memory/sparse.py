@@ -96,6 +96,11 @@ class SparseCache(ExactStore):
                 acc[:, h, :size] = flat.acc[:, 0, start : start + size]
         return KVBlock(k, v, pos, acc)
 
+    @property
+    def reads_block(self) -> bool:
+        # The padded block view reads the same partials as the ragged per-head read below.
+        return type(self).read is SparseCache.read
+
     def read(self, query: QueryBlock, keep_logits: bool = False) -> SoftmaxPartial:
         """Softmax partial of ``query`` over the cached slots; ragged storage is read head by
         head (no padded copy), each storage head answering its group of query heads."""

@@ -14,8 +14,9 @@ class SlidingWindow(ExactStore):
 
     After each select-and-evict step the window holds the newest ``size`` tokens; between
     steps it also buffers the tokens that arrived since (at most ``max_pending``), so its
-    storage has ``size + max_pending`` slots. Slots are kept sorted by position with the
-    empty ones first, so the oldest tokens are always on the left.
+    storage has ``size + max_pending`` slots. The slots form a ring: the token at position
+    ``p`` lives in slot ``p % capacity``, so a new token is written in place and nothing
+    moves (the tokens held are always consecutive positions, so they never collide).
 
     Args:
         size: ``η``, tokens kept after each step; or one size per storage head (a list),
@@ -35,6 +36,7 @@ class SlidingWindow(ExactStore):
         self.size = size if isinstance(size, int) else max(sizes)
         self.head_sizes = sizes if isinstance(size, (list, tuple)) else None
         self.max_pending = int(max_pending)
+        self._keep: torch.Tensor | None = None  # per-head sizes as a [Hs, 1] tensor, made once
 
     def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """Append new tokens.
@@ -45,24 +47,66 @@ class SlidingWindow(ExactStore):
 
         Raises:
             RuntimeError: if a row would overflow (the schedule let more than ``max_pending``
-                tokens arrive between steps); nothing is dropped silently.
+                tokens arrive between steps); nothing is written then, nothing dropped silently.
         """
         block = self._require()
-        hs = block.k.shape[1]
-        new_pos = pos[:, None, :].expand(-1, hs, -1)
-        merged = KVBlock.cat(
-            [block, KVBlock(k.to(block.k.dtype), v.to(block.v.dtype), new_pos, None if block.acc is None else torch.zeros_like(new_pos, dtype=torch.float32))]
-        )
-        count = merged.valid.sum(-1)
-        if bool((count > self.capacity).any()):
+        b, hs, cap = block.pos.shape
+        store = pos >= 0
+        slot = torch.where(store, pos % cap, cap)  # [B, L]; the rest go to a scratch slot
+        held = block.pos.gather(2, slot.clamp(max=cap - 1)[:, None, :].expand(-1, hs, -1)) >= 0
+        if k.shape[2] > cap or bool((held & store[:, None, :]).any()):
+            count = int((block.pos >= 0).sum(-1).max()) + int(store.sum(1).max())
             raise RuntimeError(
-                f"SlidingWindow overflow: {int(count.max())} tokens for {self.capacity} slots "
+                f"SlidingWindow overflow: {count} tokens for {cap} slots "
                 f"(size {self.size} + max_pending {self.max_pending}); the schedule must run a step "
                 f"at least every {self.max_pending} tokens"
             )
-        # Sorting by position puts empty slots (-1) first and keeps tokens in order.
-        order = merged.pos.argsort(dim=-1, stable=True)[..., -self.capacity :] if self.capacity else merged.pos[..., :0]
-        self.block = merged.gather(order)
+        idx = slot[:, None, :].expand(-1, hs, -1)
+        self.block = KVBlock(
+            _put(block.k, idx, k),
+            _put(block.v, idx, v),
+            _put(block.pos, idx, pos[:, None, :].expand(-1, hs, -1)),
+            None if block.acc is None else _put(block.acc, idx, torch.zeros(idx.shape, device=idx.device)),
+        )
+
+    def push(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, position: torch.Tensor | int) -> None:
+        """Decode fast path: one token per row, written into its ring slot (in place unless
+        autograd needs the old contents). No overflow check: the composer guarantees a step
+        at least every ``max_pending`` tokens.
+
+        Args:
+            k, v: ``[B, Hs, 1, D]`` the new tokens.
+            pos: ``[B, 1]`` int64 position to store, ``-1`` to leave the slot empty (a sink).
+            position: ``[B]`` int64 each token's position, picking slot ``position % capacity``;
+                or one int, the slot itself, when every row writes the same one.
+        """
+        block = self._require()
+        b, hs, cap = block.pos.shape
+        grad = torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or block.k.requires_grad or block.v.requires_grad)
+        if isinstance(position, int):
+            if grad:  # out of place: earlier reads may be saved for backward
+                keep = torch.arange(cap, device=block.pos.device).view(1, 1, cap, 1) != position
+                block.k = torch.where(keep, block.k, k.to(block.k.dtype))
+                block.v = torch.where(keep, block.v, v.to(block.v.dtype))
+            else:
+                block.k[:, :, position] = k[:, :, 0]
+                block.v[:, :, position] = v[:, :, 0]
+            block.pos = block.pos.clone() if grad else block.pos
+            block.pos[:, :, position] = pos
+            if block.acc is not None:
+                block.acc[:, :, position] = 0.0
+            return
+        slot = (position % cap).view(b, 1, 1).expand(b, hs, 1)
+        kv_slot = slot.unsqueeze(-1).expand(b, hs, 1, k.shape[-1])
+        if grad:
+            block.k = block.k.scatter(2, kv_slot, k.to(block.k.dtype))
+            block.v = block.v.scatter(2, kv_slot, v.to(block.v.dtype))
+        else:
+            block.k.scatter_(2, kv_slot, k.to(block.k.dtype))
+            block.v.scatter_(2, kv_slot, v.to(block.v.dtype))
+        block.pos = block.pos.scatter(2, slot, pos.view(b, 1, 1).expand(b, hs, 1))
+        if block.acc is not None:
+            block.acc = block.acc.scatter(2, slot, 0.0)
 
     def pop_oldest(self, rows: torch.Tensor) -> KVBlock:
         """Remove all but the newest ``size`` tokens of the given rows.
@@ -74,16 +118,52 @@ class SlidingWindow(ExactStore):
             The removed tokens as a block of ``[B, Hs, capacity]`` slots (empty elsewhere).
         """
         block = self._require()
-        slot = torch.arange(self.capacity, device=block.pos.device)
-        keep = torch.tensor(self.head_sizes, device=slot.device).view(-1, 1) if self.head_sizes else self.size
-        if self.head_sizes and len(self.head_sizes) != block.pos.shape[1]:
-            raise ValueError(f"window has {len(self.head_sizes)} per-head sizes for {block.pos.shape[1]} storage heads")
-        leaving = block.valid & (slot < self.capacity - keep) & rows[:, None, None]
+        if self.head_sizes:
+            if len(self.head_sizes) != block.pos.shape[1]:
+                raise ValueError(f"window has {len(self.head_sizes)} per-head sizes for {block.pos.shape[1]} storage heads")
+            if self._keep is None or self._keep.device != block.pos.device:
+                self._keep = torch.tensor(self.head_sizes, device=block.pos.device).view(-1, 1)
+            keep = self._keep
+        else:
+            keep = self.size
+        # The held positions are consecutive: the newest `keep` are those above newest - keep.
+        newest = block.pos.amax(dim=-1, keepdim=True)
+        leaving = block.valid & (block.pos <= newest - keep) & rows[:, None, None]
         out = KVBlock(block.k, block.v, torch.where(leaving, block.pos, EMPTY), block.acc)
-        # Leaving slots are the leftmost valid ones, so the sort order is kept.
         self.block = KVBlock(block.k, block.v, torch.where(leaving, EMPTY, block.pos), block.acc)
         return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore a saved window; tokens are placed in their ring slots (a state saved with
+        another slot order loads the same)."""
+        super().load_state_dict(state)
+        block = self.block
+        if block is None or block.pos.shape[-1] == 0:
+            return
+        cap = block.pos.shape[-1]
+        idx = torch.where(block.valid, block.pos % cap, cap)
+        claims = torch.zeros(*idx.shape[:2], cap + 1, dtype=torch.long, device=idx.device).scatter_add_(2, idx, torch.ones_like(idx))
+        if bool((claims[:, :, :cap] > 1).any()):
+            raise ValueError("SlidingWindow state holds tokens that collide in the ring (at most `capacity` consecutive positions)")
+        empty = KVBlock(
+            torch.zeros_like(block.k), torch.zeros_like(block.v), torch.full_like(block.pos, EMPTY), None if block.acc is None else torch.zeros_like(block.acc)
+        )
+        self.block = KVBlock(
+            _put(empty.k, idx, block.k),
+            _put(empty.v, idx, block.v),
+            _put(empty.pos, idx, block.pos),
+            None if block.acc is None else _put(empty.acc, idx, block.acc),
+        )
 
     def __repr__(self) -> str:
         size = self.head_sizes if self.head_sizes else self.size
         return f"SlidingWindow(size={size}, max_pending={self.max_pending})"
+
+
+def _put(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst [B, Hs, N, ...]`` with ``src [B, Hs, L, ...]`` written at slots ``idx [B, Hs, L]``
+    (out of place); index ``N`` is a scratch slot whose writes are dropped."""
+    n = dst.shape[2]
+    buf = torch.cat([dst, dst.new_zeros(*dst.shape[:2], 1, *dst.shape[3:])], dim=2)
+    index = idx.view(*idx.shape, *([1] * (dst.dim() - 3))).expand(*idx.shape, *dst.shape[3:])
+    return buf.scatter(2, index, src.to(dst.dtype))[:, :, :n].contiguous()

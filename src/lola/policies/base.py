@@ -41,12 +41,12 @@ class ScoringContext:
     @property
     def H(self) -> torch.Tensor:
         """``[B, H, F, D]`` float32 ``Σ φ(k) vᵀ`` over the tokens in the linear state."""
-        return self.linear._require()[0]
+        return self.linear.state[0]
 
     @property
     def s(self) -> torch.Tensor:
         """``[B, H, F]`` float32 ``Σ φ(k)`` over the tokens in the linear state."""
-        return self.linear._require()[1]
+        return self.linear.state[1]
 
     def group(self, block: KVBlock) -> int:
         """Query heads per storage head of ``block``."""

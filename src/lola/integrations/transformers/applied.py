@@ -1,4 +1,6 @@
-"""What :func:`~lola.integrations.transformers.apply_lola` records on a model (``model._lola``)."""
+"""What :func:`~lola.integrations.transformers.apply_lola` records on a model: ``model._lola``
+(:class:`AppliedLoLA`) and the ``model.config.lola`` entry that ``save_pretrained`` writes to
+``config.json`` (:func:`config_entry`, read back by :func:`saved_config`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ import torch
 from lola.config import LoLAConfig
 from lola.layer import LoLAAttention
 
-__all__ = ["AppliedLoLA", "applied", "weights_digest"]
+__all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "config_entry", "saved_config", "weights_digest"]
+
+CONFIG_KEY = "lola"
+"""The attribute of a transformers config (and key of ``config.json``) that holds :func:`config_entry`."""
+_FORMAT = "lola-pretrained/1"
 
 
 @dataclass
@@ -36,6 +42,24 @@ class AppliedLoLA:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     merged_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     feature_maps: str | None = None
+
+
+def config_entry(config: LoLAConfig, lora_merged: bool) -> dict:
+    """What :func:`apply_lola` stores in ``model.config.lola`` (JSON-ready)."""
+    return {"format": _FORMAT, "config": config.model_dump(mode="json"), "lora_merged": bool(lora_merged)}
+
+
+def saved_config(model_config: Any) -> LoLAConfig | None:
+    """The :class:`~lola.LoLAConfig` recorded in a transformers config, or ``None``.
+
+    Raises ``ValueError`` if the ``lola`` entry is present but not one this version wrote.
+    """
+    entry = getattr(model_config, CONFIG_KEY, None)
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != _FORMAT or not isinstance(entry.get("config"), dict):
+        raise ValueError(f"config.json has a 'lola' entry that lola did not write (expected format {_FORMAT!r})")
+    return LoLAConfig.model_validate(entry["config"])
 
 
 def applied(model: torch.nn.Module, needed_by: str | None = None) -> AppliedLoLA | None:

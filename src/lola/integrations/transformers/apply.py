@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from lola.config import LoLAConfig
-from lola.integrations.transformers.applied import AppliedLoLA
+from lola.integrations.transformers.applied import CONFIG_KEY, AppliedLoLA, config_entry
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
 from lola.integrations.transformers.generation import install_generation_hook, remove_generation_hook
-from lola.integrations.transformers.pretrained import CONFIG_KEY, config_entry
+from lola.integrations.transformers.geometry import attention_geometry, attention_modules
 from lola.integrations.transformers.support import check_architecture
 from lola.layer import LoLAAttention, compose
 
@@ -20,27 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from lola.linearize.folder import FeatureMaps
 
 __all__ = ["apply_lola", "attention_modules", "patch", "remove_lola"]
-
-
-def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The self-attention modules of a decoder model, ordered by ``layer_idx``.
-
-    A module qualifies if it has ``layer_idx``, ``q_proj``, ``k_proj`` and ``v_proj`` (the
-    Llama family: Llama, Mistral, Qwen2, SmolLM, …).
-    """
-    found = [m for m in model.modules() if all(hasattr(m, a) for a in ("layer_idx", "q_proj", "k_proj", "v_proj"))]
-    if not found:
-        raise ValueError(f"found no Llama-style attention modules (with layer_idx, q_proj, k_proj, v_proj) in {type(model).__name__}")
-    found.sort(key=lambda m: m.layer_idx)
-    return found
-
-
-def _geometry(module: torch.nn.Module) -> tuple[int, int, int]:
-    cfg = module.config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(module, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return heads, kv_heads, head_dim
 
 
 def apply_lola(
@@ -101,7 +80,7 @@ def apply_lola(
         i = module.layer_idx
         if i in config.full_attention_layers:
             continue
-        heads, kv_heads, head_dim = _geometry(module)
+        heads, kv_heads, head_dim = attention_geometry(module)
         layer_cfg = config.for_layer(i)
         if layer_cfg.scale is None and getattr(module, "scaling", None) is not None:
             layer_cfg = layer_cfg.model_copy(update={"scale": float(module.scaling)})

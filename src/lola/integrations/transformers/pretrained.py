@@ -18,30 +18,12 @@ from typing import Any
 
 import torch
 
+from lola.integrations.transformers.applied import CONFIG_KEY, config_entry, saved_config
+from lola.integrations.transformers.apply import apply_lola, remove_lola
+from lola.integrations.transformers.attention import register_attention
+
+# CONFIG_KEY, config_entry and saved_config live beside AppliedLoLA; re-exported here, where they are documented.
 __all__ = ["CONFIG_KEY", "config_entry", "from_pretrained", "saved_config"]
-
-CONFIG_KEY = "lola"
-_FORMAT = "lola-pretrained/1"
-
-
-def config_entry(config: Any, lora_merged: bool) -> dict:
-    """What :func:`apply_lola` stores in ``model.config.lola`` (JSON-ready)."""
-    return {"format": _FORMAT, "config": config.model_dump(mode="json"), "lora_merged": bool(lora_merged)}
-
-
-def saved_config(model_config: Any):
-    """The :class:`~lola.LoLAConfig` recorded in a transformers config, or ``None``.
-
-    Raises ``ValueError`` if the ``lola`` entry is present but not one this version wrote.
-    """
-    from lola.config import LoLAConfig
-
-    entry = getattr(model_config, CONFIG_KEY, None)
-    if entry is None:
-        return None
-    if not isinstance(entry, dict) or entry.get("format") != _FORMAT or not isinstance(entry.get("config"), dict):
-        raise ValueError(f"config.json has a 'lola' entry that lola did not write (expected format {_FORMAT!r})")
-    return LoLAConfig.model_validate(entry["config"])
 
 
 def _lola_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -79,9 +61,6 @@ def from_pretrained(path: str | os.PathLike, model_class: Any = None, **kwargs: 
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from lola.integrations.transformers.apply import apply_lola
-    from lola.integrations.transformers.attention import register_attention
-
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} is not a saved model folder (no config.json)")
@@ -100,8 +79,6 @@ def from_pretrained(path: str | os.PathLike, model_class: Any = None, **kwargs: 
     params = {name for name, _ in model.named_parameters() if ".lola." in name}
     missing, unexpected = sorted(params - set(tensors)), sorted(set(tensors) - params)
     if missing or unexpected:
-        from lola.integrations.transformers.apply import remove_lola
-
         remove_lola(model)
         raise ValueError(f"the LoLA weights in {directory} do not match its config: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.load_state_dict(tensors, strict=False)

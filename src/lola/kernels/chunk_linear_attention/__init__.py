@@ -38,6 +38,8 @@ def chunk_linear_attention(
     v: torch.Tensor,
     initial_state: Optional[State] = None,
     output_final_state: bool = False,
+    *,
+    check: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[State]]:
     """Unnormalised causal linear attention, resumable from a state.
 
@@ -50,11 +52,14 @@ def chunk_linear_attention(
         v: ``[B, T, H, D]`` values.
         initial_state: None (zeros) or ``(H0 [B, H, F, D], s0 [B, H, F])``, both fp32.
         output_final_state: whether to return ``(H_T [B, H, F, D], s_T [B, H, F])``.
+        check: validate shapes, dtypes and devices first (``False`` only for callers that
+            built the inputs themselves, such as the LoLA engine on its decode path).
 
     Returns:
         ``(num [B, T, H, D] fp32, den [B, T, H] fp32, final_state or None)``.
     """
-    check_inputs(fq, fk, v, initial_state)
+    if check:
+        check_inputs(fq, fk, v, initial_state)
     fn = implementation("chunk_linear_attention", fq, fk, v, *(initial_state or ()))
     return fn(fq, fk, v, initial_state=initial_state, output_final_state=output_final_state)
 

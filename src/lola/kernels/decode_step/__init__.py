@@ -50,6 +50,8 @@ def decode_step(
     gate: torch.Tensor,
     mixing: str,
     scale: float,
+    *,
+    check: bool = True,
 ) -> torch.Tensor:
     """Attention output for one new query token per row.
 
@@ -67,11 +69,14 @@ def decode_step(
         gate: ``[H]`` fp32 softmax weight ``w`` per head (already sigmoid-ed).
         mixing: ``"lolcats" | "lolcats_affine" | "lola_authors" | "softmax_only"``.
         scale: logit scale.
+        check: validate shapes, dtypes and devices first (``False`` only for callers that
+            built the inputs themselves, such as the LoLA engine on its decode path).
 
     Returns:
         ``o [B, H, D]`` fp32 (the caller casts).
     """
-    check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing)
+    if check:
+        check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing)
     fn = implementation("decode_step", q, k, v, fq, H, s, gate)
     return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale)
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..softmax_partial.reference import softmax_partial
+from ..softmax_partial.reference import masked_logits, partials_from_logits
 
 MIXING_RULES = ("lolcats", "lolcats_affine", "lola_authors", "softmax_only")
 
@@ -80,6 +80,22 @@ def mix_partials(
     return safe_divide(num, den)
 
 
+def softmax_over_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """``softmax_only`` decoding: softmax attention of ``q [B, H, D]`` over the non-empty slots of
+    ``k, v [B, Hs, N, D]`` (``k_pos [B, Hs, N]``, ``-1`` = empty), in fp32; ``0`` where every slot
+    is empty. The same value as ``E_num / E_den`` from :func:`softmax_partial`, computed by
+    PyTorch's fused attention (the G query heads of a storage head form its query rows).
+
+    Returns:
+        ``o [B, H, D]`` fp32.
+    """
+    B, H, D = q.shape
+    Hs = k.shape[1]
+    valid = (k_pos >= 0)[:, :, None, :]  # [B, Hs, 1, N]
+    o = torch.nn.functional.scaled_dot_product_attention(q.float().view(B, Hs, H // Hs, D), k.float(), v.float(), attn_mask=valid, scale=scale)
+    return torch.where(valid.any(-1, keepdim=True), o, 0.0).view(B, H, D)  # a fully masked row is NaN
+
+
 def decode_step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -103,13 +119,11 @@ def decode_step(
         ``o [B, H, D]`` fp32.
     """
     check_mixing(mixing)
-    B = q.shape[0]
-    q_pos = torch.full((B, 1), torch.iinfo(torch.int64).max, dtype=torch.int64, device=q.device)
-    e_num, e_den, e_max = softmax_partial(q[:, :, None], k, v, q_pos, k_pos, scale)
     if mixing == "softmax_only":
-        l_num, l_den = torch.zeros_like(e_num), torch.zeros_like(e_den)
-    else:
-        fq32 = fq.float()
-        l_num = torch.einsum("bhf,bhfd->bhd", fq32, H.float())[:, :, None]
-        l_den = (fq32 * s.float()).sum(-1)[:, :, None]
+        return softmax_over_slots(q, k, v, k_pos, scale)
+    # One query newer than every stored key: only empty slots are masked.
+    e_num, e_den, e_max = partials_from_logits(masked_logits(q[:, :, None], k, None, k_pos, scale), v)
+    fq32 = fq.float().unsqueeze(2)  # [B, H, 1, F]
+    l_num = torch.matmul(fq32, H.float())  # [B, H, 1, D]
+    l_den = torch.matmul(fq32, s.float().unsqueeze(-1)).squeeze(-1)  # [B, H, 1]
     return mix_partials(e_num, e_den, e_max, l_num, l_den, gate, mixing)[:, :, 0]

@@ -27,6 +27,8 @@ def self_recall_error(
     H: torch.Tensor,
     s: torch.Tensor,
     eps: float = 1e-6,
+    *,
+    check: bool = True,
 ) -> torch.Tensor:
     """``err_n = || v_n - (fk_n^T H) / (fk_n^T s + eps) ||_2`` for every token.
 
@@ -36,11 +38,14 @@ def self_recall_error(
         H: ``[B, H, F, D]`` fp32 linear-attention state.
         s: ``[B, H, F]`` fp32 normaliser state.
         eps: added to the denominator.
+        check: validate shapes, dtypes and devices first (``False`` only for callers that
+            built the inputs themselves, such as the LoLA engine on its decode path).
 
     Returns:
         ``err [B, H, N]`` fp32.
     """
-    check_inputs(fk, v, H, s)
+    if check:
+        check_inputs(fk, v, H, s)
     fn = implementation("self_recall_error", fk, v, H, s)
     return fn(fk, v, H, s, eps=eps)
 

@@ -33,6 +33,8 @@ def softmax_partial(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     scale: float,
+    *,
+    check: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact-attention partials over a (sparse, possibly partly empty) key cache.
 
@@ -47,11 +49,14 @@ def softmax_partial(
         q_pos: ``[B, L]`` int64 positions of the queries.
         k_pos: ``[B, Hs, N]`` int64 positions of the keys, ``-1`` = empty slot.
         scale: logit scale (e.g. ``D ** -0.5``).
+        check: validate shapes, dtypes and devices first (``False`` only for callers that
+            built the inputs themselves, such as the LoLA engine on its decode path).
 
     Returns:
         ``(num [B, H, L, D], den [B, H, L], max [B, H, L])``, all fp32.
     """
-    check_inputs(q, k, v, q_pos, k_pos)
+    if check:
+        check_inputs(q, k, v, q_pos, k_pos)
     fn = implementation("softmax_partial", q, k, v)
     return fn(q, k, v, q_pos, k_pos, scale)
 

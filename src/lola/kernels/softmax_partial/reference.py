@@ -19,6 +19,56 @@ from typing import Tuple
 import torch
 
 
+def masked_logits(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor | None, k_pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """Scores ``s_ij = scale * q_i . k_j`` (fp32), ``-inf`` where key ``j`` is invisible to query ``i``.
+
+    Args:
+        q: ``[B, H, L, D]`` queries.
+        k: ``[B, Hs, N, D]`` keys, ``H % Hs == 0``.
+        q_pos: ``[B, L]`` int64 query positions, or ``None``: every stored key is visible
+            (a decode query, newer than all of them).
+        k_pos: ``[B, Hs, N]`` int64 key positions, ``-1`` = empty slot.
+        scale: logit scale.
+
+    Returns:
+        ``[B, H, L, N]`` fp32.
+    """
+    B, H, L, D = q.shape
+    Hs, N = k.shape[1], k.shape[2]
+    G = H // Hs
+    # The G query heads of a group and the L queries form the rows of one matmul per storage
+    # head, so k is read once (no broadcast copies).
+    qf = q.float().reshape(B, Hs, G * L, D)
+    s = scale * (qf @ k.float().transpose(-1, -2))  # [B, Hs, G*L, N]
+    if q_pos is None:
+        return s.masked_fill((k_pos < 0)[:, :, None, :], float("-inf")).view(B, H, L, N)
+    kp = k_pos[:, :, None, None, :]
+    visible = (kp >= 0) & (kp <= q_pos[:, None, None, :, None])  # [B, Hs, 1, L, N]
+    return s.view(B, Hs, G, L, N).masked_fill(~visible, float("-inf")).view(B, H, L, N)
+
+
+def partials_from_logits(s: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Softmax partials from masked scores.
+
+    Args:
+        s: ``[B, H, L, N]`` fp32 scores, ``-inf`` where invisible (see :func:`masked_logits`).
+        v: ``[B, Hs, N, D]`` values, ``H % Hs == 0``.
+
+    Returns:
+        ``num [B, H, L, D]``, ``den [B, H, L]``, ``max [B, H, L]``, all fp32.
+    """
+    B, H, L, N = s.shape
+    Hs, D = v.shape[1], v.shape[-1]
+    s = s.reshape(B, Hs, (H // Hs) * L, N)
+    m = s.amax(-1) if N > 0 else s.new_full(s.shape[:-1], float("-inf"))
+    # Rows with nothing visible keep m = -inf but shift by a finite number, so exp(-inf) = 0,
+    # not NaN (any visible score makes m finite, and then the clamp changes nothing).
+    p = torch.exp(s - m.clamp_min(torch.finfo(torch.float32).min)[..., None])
+    num = p @ v.float()
+    den = p.sum(-1)
+    return num.reshape(B, H, L, D), den.reshape(B, H, L), m.reshape(B, H, L)
+
+
 def softmax_partial(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -39,23 +89,4 @@ def softmax_partial(
     Returns:
         ``num [B, H, L, D]``, ``den [B, H, L]``, ``max [B, H, L]``, all fp32.
     """
-    B, H, L, D = q.shape
-    Hs, N = k.shape[1], k.shape[2]
-    G = H // Hs
-    # The G query heads of a group and the L queries form the rows of one matmul per storage
-    # head, so k and v are read once (no broadcast copies).
-    qf = q.float().reshape(B, Hs, G * L, D)
-    s = scale * (qf @ k.float().transpose(-1, -2))  # [B, Hs, G*L, N]
-    kp = k_pos[:, :, None, None, :]
-    visible = (kp >= 0) & (kp <= q_pos[:, None, None, :, None])  # [B, Hs, 1, L, N]
-    s = s.view(B, Hs, G, L, N).masked_fill(~visible, float("-inf")).view(B, Hs, G * L, N)
-    if N > 0:
-        m = s.amax(-1)
-    else:
-        m = s.new_full((B, Hs, G * L), float("-inf"))
-    # Rows with nothing visible keep m = -inf but shift by 0, so exp(-inf) = 0, not NaN.
-    m_shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    p = torch.exp(s - m_shift[..., None])
-    num = p @ v.float()
-    den = p.sum(-1)
-    return num.reshape(B, H, L, D), den.reshape(B, H, L), m.reshape(B, H, L)
+    return partials_from_logits(masked_logits(q, k, q_pos, k_pos, scale), v)

@@ -1,0 +1,86 @@
+"""The attention methods the evaluations compare, and the one place a method's name becomes a config.
+
+``lola niah`` (:func:`lola.eval.runner.method_configs`), ``lola perplexity``
+(:func:`lola.eval.perplexity.perplexity_configs`) and ``lola demo`` (:func:`lola.demo.run_demo`)
+all build their configurations with :func:`method_config`:
+
+- ``full``: stock attention and a growing cache (no LoLA config: ``None``).
+- ``window``: sinks + a sliding window, softmax only.
+- ``lolcats``: the hybrid: sinks + a sliding window + the linear state.
+- ``lola``: sinks + window + sparse cache + linear state, with a scoring policy.
+
+The window-only methods get the whole exact budget ``window + sparse_size`` as their window (the
+same exact tokens as ``lola``), or, with ``hybrid_window="window"``, the window alone (the hybrid as
+it was trained).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from lola.config import LoLAConfig
+
+__all__ = ["METHODS", "method_config"]
+
+METHODS = ("full", "window", "lolcats", "lola")
+"""Every method name, in the order the evaluations run and report them."""
+
+
+def method_config(
+    method: str,
+    *,
+    window: int,
+    sparse_size: int,
+    sinks: int,
+    chunk: int,
+    policy: str | None = None,
+    mixing: str | None = None,
+    trained_maps: bool = False,
+    hybrid_window: Literal["budget", "window"] = "budget",
+    overrides: Mapping[str, Any] | None = None,
+) -> LoLAConfig | None:
+    """The :class:`~lola.LoLAConfig` of ``method`` (``None`` for ``full``: stock attention).
+
+    Args:
+        method: one of :data:`METHODS`.
+        window: the ``lola`` method's sliding window.
+        sparse_size: the ``lola`` method's sparse cache.
+        sinks: pinned first tokens (every method but ``full``).
+        chunk: tokens between select-and-evict steps (every method but ``full``).
+        policy: the ``lola`` method's scoring policy (``None``: left unset, i.e. ``"sre"``).
+        mixing: the mixing rule of ``lola``. ``None``: ``softmax_only``, or with ``trained_maps``
+            left unset for the maps to fill in. ``lolcats`` mixes the same way, except that
+            ``softmax_only`` (which would ignore the linear state) becomes ``lola_authors``; with
+            ``trained_maps`` its rule is always left to the maps. ``window`` is ``softmax_only``.
+        trained_maps: trained feature maps will be loaded into the config
+            (``apply_lola(..., feature_maps=...)``).
+        hybrid_window: ``"budget"``: ``window`` and ``lolcats`` keep ``window + sparse_size``
+            tokens in their window; ``"window"``: ``window`` tokens.
+        overrides: further :class:`~lola.LoLAConfig` fields, set last (e.g. ``gqa_storage``, or
+            a variant's settings).
+
+    Raises:
+        ValueError: an unknown method (or, as :class:`pydantic.ValidationError`, a bad field).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    if hybrid_window not in ("budget", "window"):
+        raise ValueError(f"hybrid_window must be 'budget' or 'window', got {hybrid_window!r}")
+    if method == "full":
+        return None
+    if trained_maps:
+        lola_mixing = {"mixing": mixing} if mixing else {}
+        hybrid_mixing: dict[str, Any] = {}
+    else:
+        lola_mixing = {"mixing": mixing or "softmax_only"}
+        hybrid_mixing = {"mixing": "lola_authors" if lola_mixing["mixing"] == "softmax_only" else lola_mixing["mixing"]}
+    common: dict[str, Any] = {"sinks": sinks, "chunk": chunk}
+    wide = window + sparse_size if hybrid_window == "budget" else window
+    if method == "window":
+        fields = {"window": wide, "sparse_size": 0, "mixing": "softmax_only", **common}
+    elif method == "lolcats":
+        fields = {"window": wide, "sparse_size": 0, **hybrid_mixing, **common}
+    else:
+        fields = {"window": window, "sparse_size": sparse_size, **({"policy": policy} if policy is not None else {}), **lola_mixing, **common}
+    return LoLAConfig(**{**fields, **(overrides or {})})

@@ -1,0 +1,179 @@
+"""The engine runs on lola.kernels: prefill and decode dispatch the kernels, and the fused
+decode step equals the general path."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lola
+from lola import kernels as K
+from lola.core import mix
+
+
+def _inputs(b, t, h, hkv, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, t, h, d, generator=g), torch.randn(b, t, hkv, d, generator=g), torch.randn(b, t, hkv, d, generator=g)
+
+
+def test_prefill_dispatches_exact_reads_and_sre_per_block():
+    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8, policy="sre")
+    attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
+    q, k, v = _inputs(2, 40, 4, 2, 16)
+    with K.record_calls() as calls:
+        attn(q, k, v)
+    ops = {op: n for (op, _), n in calls.items()}
+    # Five blocks, each ending at a step: one scoring per step; the block's queries read the exact
+    # memories, and the query on which the step falls reads them again after it.
+    assert ops == {"self_recall_error": 40 // 8, "softmax_partial": 2 * (40 // 8)}
+
+
+def test_the_hybrid_linear_part_is_one_chunk_linear_attention_call():
+    from lola.linearize.hybrid import hybrid_attention
+
+    b, h, t, d, f = 2, 3, 37, 8, 6
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, t, d, generator=g) for _ in range(3))
+    fq, fk = (torch.rand(b, h, t, f, generator=g) for _ in range(2))
+    with K.record_calls() as calls:
+        hybrid_attention(q, k, v, fq, fk, torch.full((h,), 0.3), window=5, scale=0.3)
+    assert calls == {("chunk_linear_attention", "reference"): 1}
+
+
+def test_decode_is_one_decode_step_call_per_token():
+    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8)
+    attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
+    q, k, v = _inputs(2, 30, 4, 2, 16)
+    _, state = attn(q[:, :20], k[:, :20], v[:, :20])
+    per_token = []
+    for i in range(20, 30):
+        with K.record_calls() as calls:
+            attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
+        per_token.append({op: n for (op, _), n in calls.items()})
+    for i, ops in zip(range(20, 30), per_token):
+        step = (i + 1) % 8 == 0  # the step falls on positions 23 and 31
+        expected = {"decode_step": 1} | ({"self_recall_error": 1} if step else {})
+        assert ops == expected, (i, ops)
+
+
+def test_record_calls_names_the_backend_and_nests():
+    x = torch.randn(1, 2, 3, 4)
+    pos = torch.zeros(1, 3, dtype=torch.long)
+    kpos = torch.zeros(1, 2, 3, dtype=torch.long)
+    with K.use_backend("reference"), K.record_calls() as outer:
+        K.softmax_partial(x, x, x, pos, kpos, 1.0)
+        with K.record_calls() as inner:
+            K.softmax_partial(x, x, x, pos, kpos, 1.0)
+    assert outer == {("softmax_partial", "reference"): 2}
+    assert inner == {("softmax_partial", "reference"): 1}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    window=st.integers(1, 6),
+    sparse=st.integers(0, 5),
+    sinks=st.integers(0, 3),
+    chunk=st.integers(1, 6),
+    mixing=st.sampled_from(["lolcats", "lola_authors", "softmax_only"]),
+    affine=st.booleans(),
+    storage=st.sampled_from(["kv_head", "query_head"]),
+    prefill=st.integers(1, 12),
+    pad=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_fused_decode_equals_attend_then_mix(window, sparse, sinks, chunk, mixing, affine, storage, prefill, pad, seed):
+    """Row 0 is left-padded by ``pad`` tokens, so rows decode at different positions."""
+    cfg = lola.LoLAConfig(
+        window=window, sparse_size=sparse, sinks=sinks, chunk=max(chunk, 1), mixing=mixing, affine=affine and mixing == "lolcats", gqa_storage=storage
+    )
+    torch.manual_seed(seed)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    with torch.no_grad():
+        attn.window_factors.normal_()
+    q, k, v = _inputs(2, prefill + 6, 4, 2, 8, seed)
+    mask = torch.ones(2, prefill, dtype=torch.bool)
+    mask[0, : min(pad, prefill - 1)] = False
+    _, fused = attn(q[:, :prefill], k[:, :prefill], v[:, :prefill], padding_mask=mask)
+    general = attn.new_state()
+    general.allocate(2, 4, attn.storage_heads(fused), 8, attn.feature_dim, k.dtype, k.device)
+    general.load_state_dict(fused.state_dict())
+    gate = torch.sigmoid(attn.window_factors.float()).view(-1)
+    for i in range(prefill, prefill + 6):
+        qi, ki, vi = q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1]
+        o_fused, _ = attn(qi, ki, vi, state=fused)
+        kh, vh = ki.transpose(1, 2), vi.transpose(1, 2)
+        if storage == "query_head":
+            kh, vh = kh.repeat_interleave(2, dim=1), vh.repeat_interleave(2, dim=1)
+        qh = qi.transpose(1, 2)
+        e, lin = general.attend(qh, attn.feature_map_q(qh), kh, vh, torch.ones(2, 1, dtype=torch.bool), attn.scale, attn.feature_map_k)
+        o_general = mix(e, lin, gate, cfg.mixing, cfg.affine).transpose(1, 2)
+        torch.testing.assert_close(o_fused, o_general, rtol=1e-5, atol=1e-5)
+    for key, t in fused.state_dict().items():
+        torch.testing.assert_close(t, general.state_dict()[key], msg=key)
+
+
+@pytest.mark.parametrize("op", ["chunk_linear_attention", "softmax_partial", "self_recall_error", "decode_step"])
+def test_every_op_under_forced_triton_keeps_its_gradients(op, monkeypatch):
+    """Inputs that need gradients run the differentiable reference, whatever was requested."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter case")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = torch.Generator().manual_seed(3)
+    B, H, Hs, N, F, D = 2, 4, 2, 5, 6, 8
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    pos = torch.arange(N).expand(B, Hs, N).contiguous()
+    args = {
+        "chunk_linear_attention": lambda x: K.chunk_linear_attention(x[0].abs(), x[1].abs(), x[2])[:2],
+        "softmax_partial": lambda x: K.softmax_partial(x[0], x[1], x[2], torch.full((B, 3), N), pos, 0.5),
+        "self_recall_error": lambda x: (K.self_recall_error(x[0].abs(), x[1], x[2], x[3].abs() + 1),),
+        "decode_step": lambda x: (K.decode_step(x[0], x[1], x[2], pos, x[3].abs(), x[4], x[5].abs() + 1, torch.full((H,), 0.5), "lola_authors", 0.5),),
+    }[op]
+    shapes = {
+        "chunk_linear_attention": [(B, N, H, F), (B, N, H, F), (B, N, H, D)],
+        "softmax_partial": [(B, H, 3, D), (B, Hs, N, D), (B, Hs, N, D)],
+        "self_recall_error": [(B, H, N, F), (B, H, N, D), (B, H, F, D), (B, H, F)],
+        "decode_step": [(B, H, D), (B, Hs, N, D), (B, Hs, N, D), (B, H, F), (B, H, F, D), (B, H, F)],
+    }[op]
+    base = [r(*s) for s in shapes]
+
+    def grads(backend):
+        leaves = [t.clone().requires_grad_(True) for t in base]
+        with K.use_backend(backend), K.record_calls() as calls:
+            out = args(leaves)
+        sum(o.square().sum() for o in out).backward()
+        return [t.grad for t in leaves], calls
+
+    ref, _ = grads("reference")
+    forced, calls = grads("triton")
+    assert calls == {(op, "reference"): 1}
+    for a, b in zip(ref, forced):
+        assert a is not None and b is not None
+        torch.testing.assert_close(a, b)
+
+
+def test_decode_under_autograd_has_the_gradients_of_one_call():
+    """Token-by-token decode with inputs that need gradients (out-of-place ring writes) gives
+    the gradients of the same tokens processed in one call."""
+    cfg = lola.LoLAConfig(window=4, sparse_size=3, sinks=1, chunk=4, mixing="lolcats", feature_map="hedgehog", feature_dim=6)
+    torch.manual_seed(0)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    base = _inputs(2, 14, 4, 2, 8, seed=5)
+
+    def grads(split):
+        attn.zero_grad()
+        q, k, v = (t.clone().requires_grad_(True) for t in base)
+        if split:
+            o, state = attn(q[:, :8], k[:, :8], v[:, :8])
+            outs = [attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)[0] for i in range(8, 14)]
+            o = torch.cat(outs, dim=1)
+        else:
+            o = attn(q, k, v)[0][:, 8:]
+        o.square().sum().backward()
+        return [q.grad, k.grad, v.grad] + [p.grad.clone() for p in attn.parameters()]
+
+    with K.record_calls() as calls:
+        split = grads(True)
+    assert calls[("decode_step", "reference")] == 6
+    for a, b in zip(split, grads(False)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,199 @@
+"""No import cycles inside ``lola``.
+
+Every module under ``src/lola`` is parsed with :mod:`ast`; each ``import lola…`` and
+``from lola… import …`` is an edge of the package's import graph, including imports inside
+functions (a lazy import defers a cycle, it does not remove it) and excluding those under
+``if TYPE_CHECKING:`` (never executed). ``from X import name`` is an edge to ``X.name`` when that
+is a module, else to ``X``; relative imports are resolved; no implicit edges to parent packages
+are added. A strongly connected component of more than one module (or a module importing
+itself) is a cycle, and the test names one path through each.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import lola
+
+PACKAGE_DIR = Path(lola.__file__).resolve().parent
+
+
+def module_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every ``.py`` file of the package."""
+    root = package_dir.parent
+    modules: dict[str, Path] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> Iterable[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``, at any depth, except the bodies of ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)  # the `else:` branch does run
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_edges(name: str, path: Path, modules: Mapping[str, Path], top: str = "lola") -> set[str]:
+    """The ``top…`` modules that module ``name`` (source at ``path``) imports."""
+    is_package = path.name == "__init__.py"
+    edges: set[str] = set()
+    for node in _imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names]
+        for target in targets:
+            if target == top or target.startswith(top + "."):
+                # `import lola.a.b` where lola.a.b is no module of ours (a typo, an attribute): its closest module
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules:
+                    edges.add(target)
+    return edges
+
+
+def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+    modules = module_files(package_dir)
+    top = package_dir.name
+    return {name: import_edges(name, path, modules, top) for name, path in modules.items()}
+
+
+def strongly_connected_components(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """Tarjan's algorithm (iterative), components in no particular order, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(sorted(component))
+    return components
+
+
+def _path(graph: Mapping[str, Iterable[str]], start: str, goal: str, within: set[str]) -> list[str]:
+    """A shortest path ``start -> … -> goal`` inside ``within`` (breadth first)."""
+    previous: dict[str, str | None] = {start: None}
+    queue = [start]
+    for node in queue:
+        for child in sorted(graph.get(node, ())):
+            if child in within and child not in previous:
+                previous[child] = node
+                queue.append(child)
+    path = [goal]
+    while previous[path[-1]] is not None:
+        path.append(previous[path[-1]])
+    return path[::-1]
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """One readable description per cycle of ``graph``: its modules, and one path through each edge
+    that leaves the first module for another member and comes back."""
+    found = []
+    for component in strongly_connected_components(graph):
+        first = component[0]
+        if len(component) == 1 and first not in set(graph.get(first, ())):
+            continue
+        members = set(component)
+        loops = []
+        for child in sorted(set(graph.get(first, ())) & members):
+            loops.append(" -> ".join([first, *_path(graph, child, first, members)]) if child != first else f"{first} -> {first}")
+        found.append(f"{len(component)} modules ({', '.join(component)}):\n    " + "\n    ".join(loops))
+    return found
+
+
+def test_cycle_finder_finds_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"a"}}
+    assert sorted(strongly_connected_components(graph)) == [["a", "b", "c"], ["d"], ["e"], ["f"]]
+    assert sorted(cycles(graph)) == ["1 modules (e):\n    e -> e", "3 modules (a, b, c):\n    a -> b -> c -> a"]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_edges_follow_the_rules(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg import sub\n")
+    (pkg / "sub" / "__init__.py").write_text("from .mod import thing\nfrom . import other\n")
+    (pkg / "sub" / "other.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg.a import A\n"
+        "else:\n    import pkg.b\n"
+        "def lazy():\n    from ..a import helper\n    import pkg.sub.mod as m\n"
+    )
+    (pkg / "sub" / "mod.py").write_text("import os\nfrom pkg import a as not_a_module_import\n")
+    (pkg / "a.py").write_text("from pkg.sub.mod import thing\n")
+    (pkg / "b.py").write_text("")
+    graph = import_graph(pkg)
+    assert graph == {
+        "pkg": {"pkg.sub"},
+        "pkg.sub": {"pkg.sub.mod", "pkg.sub.other"},
+        "pkg.sub.other": {"pkg.a", "pkg.b", "pkg.sub.mod"},
+        "pkg.sub.mod": {"pkg.a"},
+        "pkg.a": {"pkg.sub.mod"},
+        "pkg.b": set(),
+    }
+    assert cycles(graph) == ["2 modules (pkg.a, pkg.sub.mod):\n    pkg.a -> pkg.sub.mod -> pkg.a"]
+
+
+def test_lola_has_no_import_cycles() -> None:
+    graph = import_graph()
+    assert "lola.config" in graph and "lola.integrations.transformers.apply" in graph
+    found = cycles(graph)
+    assert not found, "import cycles inside lola:\n" + "\n".join(found)

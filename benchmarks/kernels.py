@@ -21,29 +21,18 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 
-try:
-    import lola.kernels  # noqa: F401
-except ImportError:  # running from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    import lola.kernels  # noqa: F401
+# bench_common (this folder) holds the peak-bandwidth table and the fla wrapper shared with
+# benchmarks/layer.py; importing it puts src/ on the path when lola is not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import DTYPES, PEAK_GBPS, fla_chunk_linear_attn, peak_gbps  # noqa: E402, F401
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+import lola.kernels  # noqa: E402
+
 OPS = ("chunk_linear_attention", "softmax_partial", "self_recall_error", "decode_step")
-PEAK_GBPS = {
-    "H200": 4800.0,
-    "H100 SXM": 3350.0,
-    "H100 80GB HBM3": 3350.0,
-    "H100 PCIe": 2000.0,
-    "H100": 3350.0,
-    "A100-SXM4-80GB": 2039.0,
-    "A100": 1555.0,
-    "L40S": 864.0,
-    "4090": 1008.0,
-}
 
 
 @dataclass
@@ -58,21 +47,6 @@ class Case:
 
 def _impl(op: str, name: str) -> Callable:
     return getattr(importlib.import_module(f"lola.kernels.{op}.{name}"), op)
-
-
-def fla_chunk_linear_attn() -> Optional[Callable]:
-    try:
-        from fla.ops.linear_attn import chunk_linear_attn
-    except Exception:
-        return None
-
-    def run(fq, fk, v, initial_state=None, output_final_state=False):
-        try:  # unnormalised, unscaled: the same quantity as our num
-            return chunk_linear_attn(fq, fk, v, scale=1.0, normalize=False)
-        except TypeError:  # older fla without `normalize`
-            return chunk_linear_attn(fq, fk, v, scale=1.0)
-
-    return run
 
 
 # ------------------------------------------------------------------------------ cases
@@ -197,18 +171,6 @@ def measure(fn: Callable, args: dict, device: torch.device, warmup: int, repeats
             fn(**args)
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def peak_gbps(device: torch.device, override: Optional[float]) -> Optional[float]:
-    if override:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_GBPS.items():
-        if key in name:
-            return value
-    return None
 
 
 def main(argv=None) -> int:

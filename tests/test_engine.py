@@ -177,3 +177,44 @@ def test_decode_under_autograd_has_the_gradients_of_one_call():
     assert calls[("decode_step", "reference")] == 6
     for a, b in zip(split, grads(False)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_writes_in_place_between_steps():
+    """Between two steps a decode token allocates nothing: the window's ring storage (and the
+    block of exact slots it is a view into) keeps its memory."""
+    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8)
+    attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
+    q, k, v = _inputs(2, 30, 4, 2, 16)
+    with torch.inference_mode():
+        _, state = attn(q[:, :17], k[:, :17], v[:, :17])
+        attn(q[:, 17:18], k[:, 17:18], v[:, 17:18], state=state)  # builds the block
+        storage = state.window.block.k.untyped_storage().data_ptr()
+        for i in range(18, 23):  # the next step falls on position 23
+            attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
+            assert state.window.block.k.untyped_storage().data_ptr() == storage
+        held = sorted(int(p) for p in state.window.block.pos[0, 0] if p >= 0)
+        assert held == list(range(23 - 8 - 7, 23))  # 8 kept at the step on 15, then 16..22
+
+
+def test_rows_are_sequence_slots():
+    """Two sequences prefilled alone and written into slots of one batched state decode as they
+    would alone (what a serving engine does with a pool of slots)."""
+    cfg = lola.LoLAConfig(window=6, sparse_size=4, sinks=2, chunk=4, mixing="lolcats")
+    torch.manual_seed(0)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    a, b = _inputs(1, 30, 4, 2, 8, seed=1), _inputs(1, 25, 4, 2, 8, seed=2)
+    _, sa = attn(*(x[:, :21] for x in a))
+    _, sb = attn(*(x[:, :13] for x in b))  # a different length: the rows are out of step
+    pool = attn.new_state()
+    pool.allocate(3, 4, 2, 8, attn.feature_dim, torch.float32, torch.device("cpu"))
+    pool.write_rows(torch.tensor([2]), sa)
+    pool.write_rows(torch.tensor([0]), sb)
+    pool.select_rows(torch.tensor([2, 0]))  # drop the unused slot: row 0 = a, row 1 = b
+    for i in range(8):
+        step = [x[:, 21 + i : 22 + i] for x in a], [x[:, 13 + i : 14 + i] for x in b]
+        o_pool, _ = attn(*(torch.cat([u, w]) for u, w in zip(*step)), state=pool)
+        o_a, _ = attn(*step[0], state=sa)
+        o_b, _ = attn(*step[1], state=sb)
+        torch.testing.assert_close(o_pool, torch.cat([o_a, o_b]))
+    with pytest.raises(ValueError, match="one row per row of other"):
+        pool.write_rows(torch.tensor([0, 1]), sa)

@@ -21,11 +21,10 @@ from typing import Callable
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
-from lola.memory.base import KVBlock, QueryBlock
+from lola.memory.base import KVBlock, LinearMemory, QueryBlock, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
-from lola.memory.sparse import SparseCache
 from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.schedules import UpdateSchedule
@@ -41,6 +40,11 @@ class LoLAMemory:
     Build one from the parts (any subclass of the memories works) and pass it to
     :class:`lola.LoLAAttention` as ``state``; or let the layer build it from its config.
     Storage is allocated on the first call and never grows.
+
+    Each part plays a role the composer drives (:class:`~lola.memory.WindowMemory`,
+    :class:`~lola.memory.SparseMemory`, :class:`~lola.memory.SinkMemory`,
+    :class:`~lola.memory.LinearMemory`); any object with the role's members works, and a
+    missing member is named at construction.
 
     Args:
         window: the sliding window; its ``max_pending`` must cover ``schedule.period``.
@@ -59,16 +63,25 @@ class LoLAMemory:
     def __init__(
         self,
         *,
-        window: SlidingWindow,
-        sparse: SparseCache,
+        window: WindowMemory,
+        sparse: SparseMemory,
         policy: ScoringPolicy,
         schedule: UpdateSchedule,
-        sinks: SinkTokens | None = None,
-        linear: LinearState | None = None,
+        sinks: SinkMemory | None = None,
+        linear: LinearMemory | None = None,
         storage: str = "kv_head",
         queries: QueryStatistics | None = None,
         layer: int | None = None,
     ) -> None:
+        linear = linear if linear is not None else LinearState()
+        sinks = sinks if sinks is not None else SinkTokens(0)
+        for part, role, argument in (
+            (sinks, SinkMemory, "sinks"),
+            (window, WindowMemory, "window"),
+            (sparse, SparseMemory, "sparse"),
+            (linear, LinearMemory, "linear"),
+        ):
+            check_role(part, role, argument)
         if window.max_pending < schedule.period:
             raise ValueError(
                 f"window.max_pending ({window.max_pending}) must be >= schedule.period ({schedule.period}): "
@@ -76,10 +89,10 @@ class LoLAMemory:
             )
         if storage not in ("kv_head", "query_head"):
             raise ValueError(f"storage must be 'kv_head' or 'query_head', got {storage!r}")
-        self.sinks = sinks if sinks is not None else SinkTokens(0)
+        self.sinks = sinks
         self.window = window
         self.sparse = sparse
-        self.linear = linear if linear is not None else LinearState()
+        self.linear = linear
         self.policy = policy
         self.schedule = schedule
         self.storage = storage
@@ -90,6 +103,7 @@ class LoLAMemory:
         self.seen = None
         self.num_heads = 0
         self._spec_checked: tuple | None = None  # (layer, parts) a layer last validated
+        self._slots: tuple[KVBlock, list] | None = None  # see _exact_slots
 
     @property
     def seen(self) -> torch.Tensor | None:
@@ -118,13 +132,13 @@ class LoLAMemory:
         """What a state must match to be used by a layer (capacities, policy, schedule, storage)."""
         return {
             "sinks": self.sinks.capacity,
-            "window": repr(self.window),
+            "window": _describe(self.window),
             "max_pending": self.window.max_pending,
-            "sparse": repr(self.sparse),
-            "policy": repr(self.policy),
-            "schedule": repr(self.schedule),
+            "sparse": _describe(self.sparse),
+            "policy": _describe(self.policy),
+            "schedule": _describe(self.schedule),
             "storage": self.storage,
-            "queries": repr(self.queries),
+            "queries": _describe(self.queries),
         }
 
     @property
@@ -163,7 +177,8 @@ class LoLAMemory:
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore what :meth:`state_dict` saved (copies; bit-exact)."""
+        """Restore what :meth:`state_dict` saved (copies; every held token bit-exact, empty slots
+        zeroed)."""
         if "seen" not in state:
             raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
         known = {"seen"}
@@ -175,9 +190,40 @@ class LoLAMemory:
         if unknown:
             raise ValueError(f"state has unexpected keys {sorted(unknown)}")
         self.seen = state["seen"].clone()
-        if self.linear.H is None or self.seen.shape[0] != self.linear.H.shape[0]:
+        self._slots = None
+        if not self.linear.allocated or self.seen.shape[0] != self.linear.state[0].shape[0]:
             raise ValueError("state is inconsistent: 'seen' and 'linear.H' disagree on the batch size")
-        self.num_heads = self.linear.H.shape[1]
+        self.num_heads = self.linear.state[0].shape[1]
+
+    # -- rows (sequence slots) -------------------------------------------------------------------
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index [B']`` (int64, repeats allowed) of every state tensor, in that order:
+        beam reordering, dropping finished sequences, or growing a batch."""
+        self._require_allocated()
+        index = index.to(self._seen.device)
+        self.load_state_dict({k: t.index_select(0, index) for k, t in self.state_dict().items()})
+
+    def write_rows(self, index: torch.Tensor, other: "LoLAMemory") -> None:
+        """Copy every row of ``other`` into rows ``index [B_other]`` of this state.
+
+        Rows are independent sequences (the schedule, ring slots and positions of a row depend
+        on that row alone), so a serving engine can prefill a request in a state of its own and
+        place it in a slot of a batched state, then decode the batch (tested against decoding
+        each sequence alone).
+        """
+        self._require_allocated()
+        theirs = other.state_dict()
+        ours = self.state_dict()
+        if theirs.keys() != ours.keys() or other.spec() != self.spec():
+            raise ValueError(f"other was built for another configuration: {other.spec()} vs {self.spec()}")
+        index = index.to(self._seen.device)
+        if index.shape != (other.batch_size,):
+            raise ValueError(f"index must give one row per row of other ({other.batch_size}), got shape {tuple(index.shape)}")
+        self.load_state_dict({k: t.index_copy(0, index, theirs[k].to(t.device)) for k, t in ours.items()})
+
+    def _require_allocated(self) -> None:
+        if self._seen is None:
+            raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
 
     def reset(self) -> None:
         """Forget everything; the next call allocates afresh."""
@@ -185,6 +231,7 @@ class LoLAMemory:
             m.reset()
         self.seen = None
         self.num_heads = 0
+        self._slots = None
 
     def _stateful(self) -> list:
         return [*self.exact_memories, self.linear, *([self.queries] if self.queries is not None else [])]
@@ -217,28 +264,48 @@ class LoLAMemory:
             raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
         b, h, t, d = q.shape
         device = q.device
-        n_real = valid.sum(dim=1)
         # Pack each row's real tokens to the left, in order; rows then run independent schedules.
         packed = not bool(valid.all())
+        # Unpadded rows at the same position share every block boundary: blocks are then slices
+        # (no gathers or scatters) and the schedule is asked on the host.
+        uniform = not packed and self._rows_in_step()
         order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True) if packed else None
         qp, fqp, kp, vp = (_take(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
 
-        # One scratch slot past the end receives the writes of inactive block entries.
-        out_e = SoftmaxPartial.empty(b, h, t + 1, d, device)
-        out_l = LinearPartial(torch.zeros(b, h, t + 1, d, device=device), torch.zeros(b, h, t + 1, device=device))
-        offset = torch.zeros(b, dtype=torch.long, device=device)
-        remaining = n_real.clone()
         track = bool(getattr(self.policy, "needs_attention", False))
-        while bool((remaining > 0).any()):
-            until = self.schedule.tokens_until_step(self.seen)
-            length = torch.minimum(until, remaining)
-            L = int(length.max())
-            j = torch.arange(L, device=device)
-            active = j[None, :] < length[:, None]  # [B, L]
-            idx = (offset[:, None] + j).clamp(max=t - 1)
-            pos = torch.where(active, self.seen[:, None] + j, -1)
-            whole = not packed and L == t and bool(active.all())  # one block covers the segment
-            q_c, fq_c, k_c, v_c = (qp, fqp, kp, vp) if whole else (_take(x, idx) for x in (qp, fqp, kp, vp))
+        if uniform:
+            pieces: list[tuple[SoftmaxPartial, LinearPartial]] = []
+            done = 0
+        else:
+            # One scratch slot past the end receives the writes of inactive block entries.
+            out_e = SoftmaxPartial.empty(b, h, t + 1, d, device)
+            out_l = LinearPartial(torch.zeros(b, h, t + 1, d, device=device), torch.zeros(b, h, t + 1, device=device))
+            offset = torch.zeros(b, dtype=torch.long, device=device)
+            remaining = valid.sum(dim=1)
+        while (done < t) if uniform else bool((remaining > 0).any()):
+            if uniform:
+                until_host = self._host_until(self.seen[:1])
+                L = min(until_host, t - done)
+                j = torch.arange(L, device=device)
+                length = torch.full((b,), L, dtype=torch.long, device=device)
+                stepping = torch.full((b,), L == until_host, dtype=torch.bool, device=device)
+                any_step = L == until_host
+                active = torch.ones(b, L, dtype=torch.bool, device=device) if track or self.queries is not None else None
+                pos = (self.seen[:, None] + j).expand(b, L)
+                whole = L == t
+                q_c, fq_c, k_c, v_c = (x.narrow(2, done, L) for x in (qp, fqp, kp, vp))
+            else:
+                until = self.schedule.tokens_until_step(self.seen)
+                length = torch.minimum(until, remaining)
+                L = int(length.max())
+                j = torch.arange(L, device=device)
+                active = j[None, :] < length[:, None]  # [B, L]
+                idx = (offset[:, None] + j).clamp(max=t - 1)
+                pos = torch.where(active, self.seen[:, None] + j, -1)
+                whole = not packed and L == t and bool(active.all())  # one block covers the segment
+                q_c, fq_c, k_c, v_c = (qp, fqp, kp, vp) if whole else (_take(x, idx) for x in (qp, fqp, kp, vp))
+                stepping = (length == until) & (length > 0)
+                any_step = bool(stepping.any())
 
             taken = self.sinks.write(k_c, v_c, pos)
             self.window.append(k_c, v_c, torch.where(taken, -1, pos))
@@ -246,7 +313,6 @@ class LoLAMemory:
             query = QueryBlock(q_c, fq_c, pos, scale)
             exact, parts = self._read_exact(query, track)
             linear = self.linear.read(query)
-            stepping = (length == until) & (length > 0)
             last = (length - 1).clamp(min=0)
             if track:
                 counted = active & ~(stepping[:, None] & (j[None, :] == last[:, None]))
@@ -255,7 +321,7 @@ class LoLAMemory:
             if self.queries is not None:
                 self.queries.update(q_c, active)
 
-            if bool(stepping.any()):
+            if any_step:
                 self.linear.write(*self._select(stepping, feature_map_k, scale))
                 # The query on which the step fell reads the memories as they are after the step.
                 q1, fq1 = _take(q_c, last[:, None]), _take(fq_c, last[:, None])
@@ -274,10 +340,20 @@ class LoLAMemory:
 
             if whole:
                 return exact, linear  # e.g. a decode token: nothing to scatter back
+            if uniform:
+                pieces.append((exact, linear))
+                done += L
+                continue
             _scatter_into(out_e, out_l, exact, linear, torch.where(active, idx, t))
             offset = offset + length
             remaining = remaining - length
 
+        if uniform:
+            cat = lambda xs: torch.cat(xs, dim=2)  # noqa: E731
+            es, ls = [e for e, _ in pieces], [lp for _, lp in pieces]
+            return SoftmaxPartial(cat([e.num for e in es]), cat([e.den for e in es]), cat([e.max for e in es])), LinearPartial(
+                cat([lp.num for lp in ls]), cat([lp.den for lp in ls])
+            )
         if not packed:
             return SoftmaxPartial(out_e.num[:, :, :t], out_e.den[:, :, :t], out_e.max[:, :, :t]), LinearPartial(out_l.num[:, :, :t], out_l.den[:, :, :t])
         # Unpack to the caller's token order (padding keeps the empty partial).
@@ -331,8 +407,10 @@ class LoLAMemory:
         if lo < self.sinks.capacity:  # some row still fills its sinks: the general write
             taken = self.sinks.write(k, v, pos)
             self.window.append(k, v, torch.where(taken, -1, pos))
-        else:
+        elif hasattr(self.window, "push"):
             self.window.push(k, v, pos, slot)
+        else:  # a custom window without the in-place path
+            self.window.append(k, v, pos)
         if lo == hi:  # rows in step: the schedule is asked once per period, on the host
             if self._until is None:
                 self._until = self._host_until(seen[:1])
@@ -350,9 +428,38 @@ class LoLAMemory:
         if stepping is not None:
             self.linear.write(*self._select(stepping, feature_map_k, scale))
         # Every stored slot is at or before the new token, so all are visible to it.
-        block = KVBlock.cat([m.block for m in self.exact_memories if m.capacity])
+        block = self._exact_slots()
         H, s = self.linear.state if fq is not None else (None, None)
         return decode_step(q[:, :, 0], block.k, block.v, block.pos, None if fq is None else fq[:, :, 0], H, s, gate, mixing, scale, check=False)
+
+    def _exact_slots(self) -> KVBlock:
+        """Every exact slot, ``[sinks | sparse | window]``, as one block for the decode step.
+
+        Built with one copy only when the sinks or the sparse cache replaced their tensors (at a
+        step); the shipped window's storage then becomes a view into it, so its in-place ring
+        writes land in the block directly: no copy and no allocation per decoded token. (The
+        sinks and sparse slots are held twice while decoding; ``nbytes`` counts the state once.
+        A memory that builds ``block`` on demand, such as a quantised cache, is copied in per
+        token.)
+        """
+        mems = [m for m in self.exact_memories if m.capacity]
+        sources = [t for m in mems for t in (m.block.k, m.block.v, m.block.pos)]
+        cached = self._slots
+        if cached is not None and len(cached[1]) == len(sources) and all(a is b for a, b in zip(cached[1], sources)):
+            return cached[0]
+        block = KVBlock.cat([m.block for m in mems])
+        if mems and mems[-1] is self.window and type(self.window) is SlidingWindow and self.window.block.acc is None:
+            # the shipped ring: its storage may live in the block (a custom window keeps its own)
+            n = self.window.capacity
+            self.window.block = KVBlock(block.k[:, :, -n:], block.v[:, :, -n:], block.pos[:, :, -n:])
+            sources[-3:] = [self.window.block.k, self.window.block.v, self.window.block.pos]
+        self._slots = (block, sources)
+        return block
+
+    def _rows_in_step(self) -> bool:
+        """Whether every row has seen the same number of tokens (known on the host)."""
+        lo, hi = self._host_seen_range()
+        return lo == hi
 
     def _host_seen_range(self) -> tuple[int, int]:
         if self._seen_range is None:
@@ -416,6 +523,14 @@ class LoLAMemory:
             + (f", queries={self.queries!r}" if self.queries is not None else "")
             + ")"
         )
+
+
+def _describe(part: object) -> str:
+    """``repr(part)``, or its class and capacity when the class keeps object's default repr
+    (which names a memory address and would make every fresh state look different)."""
+    if type(part).__repr__ is object.__repr__:
+        return f"{type(part).__module__}.{type(part).__qualname__}(capacity={getattr(part, 'capacity', None)})"
+    return repr(part)
 
 
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

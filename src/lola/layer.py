@@ -118,14 +118,16 @@ class LoLAAttention(nn.Module):
             g = self.num_heads // self.num_kv_heads
             kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
         valid = None if padding_mask is None else _as_bool_mask(padding_mask, q)
-        gate = torch.sigmoid(self.window_factors.float()).view(-1)
         if q.shape[1] == 1 and state.decodes_fused and (valid is None or bool(valid.all())):
             # One token per row: the fused decode step (one kernel call reads and mixes);
-            # softmax_only never reads the linear state, so its query features are skipped.
+            # softmax_only never reads the linear state nor the gate, so neither is computed.
             mixing = kernel_mixing(self.mixing, self.affine)
-            fq = None if mixing == "softmax_only" else self.feature_map_q(qh)
+            softmax_only = mixing == "softmax_only"
+            fq = None if softmax_only else self.feature_map_q(qh)
+            gate = self.window_factors.detach().view(-1) if softmax_only else torch.sigmoid(self.window_factors.float()).view(-1)
             o = state.decode(qh, fq, kh, vh, self.scale, self.feature_map_k, gate, mixing)
             return o.unsqueeze(1).to(q.dtype), state
+        gate = torch.sigmoid(self.window_factors.float()).view(-1)
         if valid is None:
             valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
         fq = self.feature_map_q(qh)
@@ -183,7 +185,7 @@ class LoLAAttention(nn.Module):
         expected = (self.storage_heads(state), self.head_dim)
         if block is not None and (block.k.shape[1], block.k.shape[3]) != expected:
             raise ValueError(f"state stores [heads, D] = {(block.k.shape[1], block.k.shape[3])}, layer expects {expected}")
-        H = state.linear.H
+        H = state.linear.state[0] if state.linear.allocated else None
         if H is not None and tuple(H.shape[1:]) != (self.num_heads, self.feature_dim, self.head_dim):
             raise ValueError(f"state's linear state is {tuple(H.shape[1:])}, layer expects {(self.num_heads, self.feature_dim, self.head_dim)}")
         if block is not None and block.k.dtype != k.dtype:

@@ -16,8 +16,23 @@ import torch
 from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.kernels.softmax_partial.reference import masked_logits, partials_from_logits
 
-__all__ = ["ExactStore", "KVBlock", "MemorySystem", "QueryBlock", "exact_logits", "partial_from_logits"]
+__all__ = [
+    "EMPTY",
+    "ExactMemory",
+    "ExactStore",
+    "KVBlock",
+    "LinearMemory",
+    "MemorySystem",
+    "QueryBlock",
+    "SinkMemory",
+    "SparseMemory",
+    "WindowMemory",
+    "check_role",
+    "exact_logits",
+    "partial_from_logits",
+]
 
+#: Position of an empty slot.
 EMPTY = -1
 
 
@@ -116,6 +131,124 @@ class MemorySystem(Protocol):
     def reset(self) -> None:
         """Forget everything (storage is freed; the next write allocates again)."""
         ...
+
+
+# -- the roles the composer drives ------------------------------------------------------------------
+# MemorySystem is what every memory answers (a partial); the role protocols below are exactly
+# what :class:`lola.LoLAMemory` calls on each of its parts. A custom memory implements its role
+# (subclassing a shipped memory is the short way, not a requirement); the composer checks the
+# members at construction and names the missing ones.
+
+
+@runtime_checkable
+class ExactMemory(Protocol):
+    """A softmax memory of key/value slots (sinks, window, sparse cache).
+
+    Attributes:
+        name: prefix of its tensors in a composed state dict.
+        capacity: slots per (row, storage head); ``0`` disables the memory.
+        block: the slots as a :class:`KVBlock` ``[B, Hs, capacity, ·]`` (``None`` before
+            :meth:`allocate`); the composer reads it for candidates and the decode step.
+        reads_block: ``True`` when :meth:`read` is exactly the softmax partial over
+            :attr:`block` (the composer may then read several memories in one kernel call).
+    """
+
+    name: str
+    capacity: int
+    block: KVBlock | None
+    reads_block: bool
+
+    def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, track_attention: bool) -> None: ...
+
+    def read(self, query: QueryBlock, keep_logits: bool = False) -> SoftmaxPartial: ...
+
+    def observe_attention(self, weights: torch.Tensor) -> None: ...
+
+    def nbytes(self) -> int: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
+class SinkMemory(ExactMemory, Protocol):
+    """Pinned first tokens: ``write(k, v, pos) -> taken [B, L]`` stores those it keeps."""
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class WindowMemory(ExactMemory, Protocol):
+    """The newest tokens: ``append`` new ones (``pos = -1``: do not store), ``pop_oldest`` at a
+    step. ``max_pending`` is the most tokens it buffers between steps. An optional
+    ``push(k, v, pos, position)`` writes one token per row in place (the decode path; without
+    it the composer calls ``append``)."""
+
+    max_pending: int
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None: ...
+
+    def pop_oldest(self, rows: torch.Tensor) -> KVBlock: ...
+
+
+@runtime_checkable
+class SparseMemory(ExactMemory, Protocol):
+    """The policy's picks: ``select(candidates, scores, rows)`` keeps the top ones, returns the rest."""
+
+    def select(self, candidates: KVBlock, scores: torch.Tensor, rows: torch.Tensor) -> KVBlock: ...
+
+
+@runtime_checkable
+class LinearMemory(Protocol):
+    """The constant-size state every other token is folded into.
+
+    ``state`` is ``(H [B, H, F, D], s [B, H, F])``; ``read`` answers queries with a
+    :class:`~lola.core.LinearPartial`; ``write(fk, v, mask)`` folds tokens in.
+    """
+
+    name: str
+
+    @property
+    def state(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @property
+    def allocated(self) -> bool: ...
+
+    def allocate(self, batch: int, heads: int, feature_dim: int, head_dim: int, device: torch.device) -> None: ...
+
+    def read(self, query: QueryBlock) -> LinearPartial: ...
+
+    def write(self, fk: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> None: ...
+
+    def nbytes(self) -> int: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+def check_role(obj: object, role: type, argument: str) -> None:
+    """Raise ``TypeError`` naming ``argument`` and the members of ``role`` that ``obj`` lacks."""
+    present = set(dir(obj))  # dir() does not evaluate properties (an unallocated state raises)
+    members = [m for m in _protocol_members(role) if m not in present]
+    if members:
+        raise TypeError(f"{argument} must implement lola.memory.{role.__name__}: {type(obj).__name__} lacks {', '.join(members)}")
+
+
+def _protocol_members(role: type) -> list[str]:
+    names: list[str] = []
+    for klass in reversed(role.__mro__):
+        if klass in (object, Protocol) or not getattr(klass, "_is_protocol", False):
+            continue
+        for name in list(getattr(klass, "__annotations__", {})) + [n for n, v in vars(klass).items() if callable(v) or isinstance(v, property)]:
+            if not name.startswith("_") and name not in names:
+                names.append(name)
+    return names
 
 
 def exact_logits(query: QueryBlock, block: KVBlock) -> torch.Tensor:
@@ -220,7 +353,8 @@ class ExactStore:
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.block is None:
             return {}
-        out = {"k": self.block.k, "v": self.block.v, "pos": self.block.pos}
+        # contiguous: the window's storage may be a view into the composer's decode block
+        out = {"k": self.block.k.contiguous(), "v": self.block.v.contiguous(), "pos": self.block.pos.contiguous()}
         if self.block.acc is not None:
             out["acc"] = self.block.acc
         return out

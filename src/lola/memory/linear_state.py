@@ -81,4 +81,4 @@ class LinearState:
         self.H = self.s = None
 
     def __repr__(self) -> str:
-        return "LinearState()"
+        return f"{type(self).__name__}()"

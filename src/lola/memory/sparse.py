@@ -38,7 +38,7 @@ class SparseCache(ExactStore):
         super().__init__(max(sizes))
 
     def __repr__(self) -> str:
-        return f"SparseCache({self.head_sizes if self.head_sizes else self.capacity})"
+        return f"{type(self).__name__}({self.head_sizes if self.head_sizes else self.capacity})"
 
     # -- ragged storage (per-head sizes) ---------------------------------------------------------
     # With per-head sizes, ``block`` is a property: setting it packs head h's first λ_h slots

@@ -89,12 +89,12 @@ class SlidingWindow(ExactStore):
                 block.k = torch.where(keep, block.k, k.to(block.k.dtype))
                 block.v = torch.where(keep, block.v, v.to(block.v.dtype))
             else:
-                block.k[:, :, position] = k[:, :, 0]
-                block.v[:, :, position] = v[:, :, 0]
+                block.k.narrow(2, position, 1).copy_(k)
+                block.v.narrow(2, position, 1).copy_(v)
             block.pos = block.pos.clone() if grad else block.pos
-            block.pos[:, :, position] = pos
+            block.pos.narrow(2, position, 1).copy_(pos.view(b, 1, 1))
             if block.acc is not None:
-                block.acc[:, :, position] = 0.0
+                block.acc.narrow(2, position, 1).zero_()
             return
         slot = (position % cap).view(b, 1, 1).expand(b, hs, 1)
         kv_slot = slot.unsqueeze(-1).expand(b, hs, 1, k.shape[-1])
@@ -157,7 +157,7 @@ class SlidingWindow(ExactStore):
 
     def __repr__(self) -> str:
         size = self.head_sizes if self.head_sizes else self.size
-        return f"SlidingWindow(size={size}, max_pending={self.max_pending})"
+        return f"{type(self).__name__}(size={size}, max_pending={self.max_pending})"
 
 
 def _put(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

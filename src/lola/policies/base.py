@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
 import torch
@@ -37,6 +37,7 @@ class ScoringContext:
     scale: float = 1.0
     layer: int | None = None
     queries: QueryStatistics | None = None
+    _features: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def H(self) -> torch.Tensor:
@@ -66,8 +67,16 @@ class ScoringContext:
         return x.mean(dim=2) if how == "mean" else x.amax(dim=2)
 
     def key_features(self, block: KVBlock) -> torch.Tensor:
-        """``φ(k)`` of the block's keys for every query head, ``[B, H, N, F]`` float32."""
-        return self.feature_map_k(self.expand_heads(block.k, self.group(block)))
+        """``φ(k)`` of the block's keys for every query head, ``[B, H, N, F]`` float32.
+
+        Computed once per key tensor within a step (the policy scores the candidates, the
+        composer folds the evicted ones: the same keys).
+        """
+        if self._features is not None and self._features[0] is block.k:
+            return self._features[1]
+        fk = self.feature_map_k(self.expand_heads(block.k, self.group(block)))
+        self._features = (block.k, fk)
+        return fk
 
 
 @runtime_checkable

@@ -77,8 +77,7 @@ class LoLACacheLayer(CacheLayerMixin):
         """Reorder the batch (beam search): every state tensor is indexed along its batch axis."""
         if self.state is None or not self.state.allocated:
             return
-        sd = self.state.state_dict()
-        self.state.load_state_dict({k: t.index_select(0, beam_idx.to(t.device)) for k, t in sd.items()})
+        self.state.select_rows(beam_idx)
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError(
@@ -88,11 +87,12 @@ class LoLACacheLayer(CacheLayerMixin):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.state is not None and self.state.allocated:
-            self.state.load_state_dict({k: t.repeat_interleave(repeats, dim=0) for k, t in self.state.state_dict().items()})
+            self.state.select_rows(torch.arange(self.state.batch_size).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.state is not None and self.state.allocated:
-            self.state.load_state_dict({k: t[indices] for k, t in self.state.state_dict().items()})
+            index = torch.as_tensor(indices)
+            self.state.select_rows(index.nonzero().flatten() if index.dtype == torch.bool else index.long().flatten())
 
     def offload(self) -> None:  # the state is small; it stays where its layer runs
         return None

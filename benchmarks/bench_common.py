@@ -1,0 +1,88 @@
+"""Helpers shared by the benchmark scripts (not a benchmark itself).
+
+The scripts are run as ``python benchmarks/<name>.py``, so this module is imported as
+``bench_common`` (each script puts its own folder on ``sys.path`` first).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+try:
+    import lola  # noqa: F401
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# Peak HBM bandwidth (GB/s, datasheet), matched against torch.cuda.get_device_name in this order.
+PEAK_GBPS = {
+    "H200": 4800.0,
+    "H100 SXM": 3350.0,
+    "H100 80GB HBM3": 3350.0,
+    "H100 PCIe": 2000.0,
+    "H100": 3350.0,
+    "A100-SXM4-80GB": 2039.0,
+    "A100": 1555.0,
+    "L40S": 864.0,
+    "4090": 1008.0,
+}
+
+
+def peak_gbps(device: torch.device, override: Optional[float] = None) -> Optional[float]:
+    """The device's peak memory bandwidth in GB/s: ``override`` if given, else looked up by
+    CUDA device name in :data:`PEAK_GBPS`; ``None`` on CPU or for an unknown GPU."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_GBPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def fla_chunk_linear_attn() -> Optional[Callable]:
+    """flash-linear-attention's ``chunk_linear_attn`` as ``run(fq, fk, v)`` computing the same
+    unnormalised, unscaled numerator as :func:`lola.kernels.chunk_linear_attention` (inputs
+    ``[B, T, H, F|D]``), or ``None`` when ``fla`` does not import."""
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+    except Exception:
+        return None
+
+    def run(fq, fk, v, initial_state=None, output_final_state=False):
+        try:  # unnormalised, unscaled: the same quantity as our num
+            return chunk_linear_attn(fq, fk, v, scale=1.0, normalize=False)
+        except TypeError:  # older fla without `normalize`
+            return chunk_linear_attn(fq, fk, v, scale=1.0)
+
+    return run
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def describe_device(device: torch.device) -> str:
+    """``"NVIDIA H200"`` or ``"x86_64, 2 torch threads"``."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
+
+
+def triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:
+        return "-"

@@ -9,7 +9,7 @@ import sys
 class Hide:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("transformers", "peft", "safetensors", "tqdm"):
-            raise ImportError(f"{name} is hidden in this test")
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden in this test)", name=name)
 
 sys.meta_path.insert(0, Hide())
 """
@@ -40,4 +40,13 @@ def test_the_core_imports_and_runs_without_transformers():
 
 def test_the_transformers_api_says_what_is_missing():
     done = _run("import lola\nlola.apply_lola")
-    assert done.returncode != 0 and "lola.apply_lola needs transformers" in done.stderr
+    assert done.returncode != 0 and "lola.apply_lola needs transformers, from the hf extra (pip install 'lola[hf]')" in done.stderr
+
+
+def test_the_command_line_names_the_extra_to_install(tmp_path):
+    done = _run("from lola.cli import main\nmain(['--help'])")
+    assert done.returncode == 0 and "niah" in done.stdout  # the parser itself needs no extra
+    out = tmp_path / "run"
+    done = _run(f"import sys\nfrom lola.cli import main\nsys.exit(main(['niah', '--model', 'tiny-random-llama', '--out', {str(out)!r}]))")
+    assert done.returncode == 2, done.stderr
+    assert "lola niah: error: needs transformers, from the hf extra: pip install 'lola[hf]'" in done.stderr

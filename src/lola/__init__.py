@@ -53,6 +53,6 @@ def __getattr__(name: str):
         try:
             from lola.integrations import transformers as integration
         except ImportError as e:
-            raise ImportError(f"lola.{name} needs transformers (pip install 'transformers>=5.24'): {e}") from e
+            raise ImportError(f"lola.{name} needs transformers, from the hf extra (pip install 'lola[hf]'): {e}") from e
         return getattr(integration, name)
     raise AttributeError(f"module 'lola' has no attribute {name!r}")

@@ -490,6 +490,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The optional packages, by the extra that installs them (pyproject.toml): a command that needs
+# one that is missing says which extra to install instead of a traceback.
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(("transformers", "safetensors", "gguf", "accelerate", "peft", "tqdm"), "hf"),
+    **dict.fromkeys(("wonderwords", "matplotlib", "lm_eval"), "eval"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lola`` command.
 
@@ -507,6 +515,12 @@ def main(argv: list[str] | None = None) -> int:
         hint = getattr(args, "interrupted_hint", None)
         print(f"\nlola {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return 130
+    except ModuleNotFoundError as err:
+        extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])
+        if extra is None or _debug(args):
+            raise
+        print(f"lola {args.command}: error: needs {err.name}, from the {extra} extra: pip install 'lola[{extra}]'", file=sys.stderr)
+        return 2
     except USER_ERRORS + OTHER_REPORTED_ERRORS as err:
         if _debug(args):
             raise

@@ -183,7 +183,8 @@ class SinkMemory(ExactMemory, Protocol):
 @runtime_checkable
 class WindowMemory(ExactMemory, Protocol):
     """The newest tokens: ``append`` new ones (``pos = -1``: do not store), ``pop_oldest`` at a
-    step. ``max_pending`` is the most tokens it buffers between steps. An optional
+    step (returns the removed tokens as a block; empty slots may pad it). ``max_pending`` is
+    the most tokens it buffers between steps. An optional
     ``push(k, v, pos, position)`` writes one token per row in place (the decode path; without
     it the composer calls ``append``)."""
 

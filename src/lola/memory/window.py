@@ -115,7 +115,8 @@ class SlidingWindow(ExactStore):
             rows: ``[B]`` bool, rows at a select-and-evict step.
 
         Returns:
-            The removed tokens as a block of ``[B, Hs, capacity]`` slots (empty elsewhere).
+            The removed tokens, ``[B, Hs, M]`` slots with ``M`` the most removed from any (row,
+            head), empty slots padding the others (scoring and folding cost follows ``M``).
         """
         block = self._require()
         if self.head_sizes:
@@ -131,6 +132,9 @@ class SlidingWindow(ExactStore):
         leaving = block.valid & (block.pos <= newest - keep) & rows[:, None, None]
         out = KVBlock(block.k, block.v, torch.where(leaving, block.pos, EMPTY), block.acc)
         self.block = KVBlock(block.k, block.v, torch.where(leaving, EMPTY, block.pos), block.acc)
+        m = int(leaving.sum(-1).max())
+        if m < block.pos.shape[-1]:  # keep the leaving slots only (in ring order, padded)
+            out = out.gather(torch.argsort((~leaving).to(torch.uint8), dim=-1, stable=True)[..., :m])
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -6,6 +6,7 @@ The scripts are run as ``python benchmarks/<name>.py``, so this module is import
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 from pathlib import Path
@@ -86,3 +87,17 @@ def triton_version() -> str:
         return triton.__version__
     except Exception:
         return "-"
+
+
+def add_timing_args(parser: argparse.ArgumentParser) -> None:
+    """The options every timing script shares: warm-up, repeats, peak bandwidth, threads, output."""
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--peak-gbps", type=float, default=None, help="memory bandwidth for the %%peak column (default: looked up by GPU name)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--output", default=None, help="also append the Markdown report to this file")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)

@@ -28,7 +28,7 @@ import torch
 # bench_common (this folder) holds the peak-bandwidth table and the fla wrapper shared with
 # benchmarks/layer.py; importing it puts src/ on the path when lola is not installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import DTYPES, PEAK_GBPS, fla_chunk_linear_attn, peak_gbps  # noqa: E402, F401
+from bench_common import DTYPES, PEAK_GBPS, add_timing_args, apply_threads, fla_chunk_linear_attn, peak_gbps  # noqa: E402, F401
 
 import lola.kernels  # noqa: E402
 
@@ -179,15 +179,9 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--peak-gbps", type=float, default=None, help="memory bandwidth for the %%peak column")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--output", default=None, help="also append the Markdown report to this file")
+    add_timing_args(p)
     args = p.parse_args(argv)
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
     dtype = DTYPES[args.dtype]

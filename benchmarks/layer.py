@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import DTYPES, describe_device, fla_chunk_linear_attn, peak_gbps, sync, triton_version  # noqa: E402
+from bench_common import DTYPES, add_timing_args, apply_threads, describe_device, fla_chunk_linear_attn, peak_gbps, sync, triton_version  # noqa: E402
 
 import lola  # noqa: E402
 from lola.kernels import chunk_linear_attention, record_calls  # noqa: E402
@@ -371,15 +371,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--prefill", type=int, default=None, help="prefill tokens (default: 16384 on CUDA, 1024 on CPU)")
     p.add_argument("--prefill-batch", type=int, default=1)
     p.add_argument("--skip", choices=("decode", "prefill"), default=None)
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--peak-gbps", type=float, default=None, help="memory bandwidth for the %%peak column (default: looked up by GPU name)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--output", default=None, help="also append the Markdown report to this file")
+    add_timing_args(p)
     args = p.parse_args(argv)
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device visible to torch")

@@ -229,3 +229,22 @@ def test_per_head_sparse_sizes_with_gqa_resume_exactly():
         one = lola.compose(lola.LoLAConfig(window=3, sparse_size=[5, 0][h], sinks=1, chunk=4), num_heads=2, head_dim=8, num_kv_heads=1)
         o_h, _ = one(q[:, :, 2 * h : 2 * h + 2], k[:, :, h : h + 1], v[:, :, h : h + 1])
         assert_rel_close(o_h, o[:, :, 2 * h : 2 * h + 2], 1e-5, f"kv head {h}")
+
+
+def test_state_is_float32_whatever_the_default_dtype():
+    """Serving engines build models under torch.set_default_dtype(bf16): the linear state and
+    the partials stay float32 (a bf16 state would round the history away)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        cfg = lola.LoLAConfig(window=4, sparse_size=4, sinks=1, chunk=4, mixing="lolcats", policy="attention")
+        attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2).to(torch.float32)
+        q, k, v = torch.randn(2, 17, 4, 8, dtype=torch.bfloat16), torch.randn(2, 17, 2, 8, dtype=torch.bfloat16), torch.randn(2, 17, 2, 8, dtype=torch.bfloat16)
+        mask = torch.ones(2, 17, dtype=torch.bool)
+        mask[0, :3] = False
+        o, state = attn(q, k, v, padding_mask=mask)
+    finally:
+        torch.set_default_dtype(previous)
+    assert state.linear.state[0].dtype == state.linear.state[1].dtype == torch.float32
+    assert state.window.block.acc.dtype == torch.float32 and o.dtype == torch.bfloat16
+    assert bool(torch.isfinite(o).all())

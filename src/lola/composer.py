@@ -279,7 +279,8 @@ class LoLAMemory:
         else:
             # One scratch slot past the end receives the writes of inactive block entries.
             out_e = SoftmaxPartial.empty(b, h, t + 1, d, device)
-            out_l = LinearPartial(torch.zeros(b, h, t + 1, d, device=device), torch.zeros(b, h, t + 1, device=device))
+            f32 = dict(dtype=torch.float32, device=device)
+            out_l = LinearPartial(torch.zeros(b, h, t + 1, d, **f32), torch.zeros(b, h, t + 1, **f32))
             offset = torch.zeros(b, dtype=torch.long, device=device)
             remaining = valid.sum(dim=1)
         while (done < t) if uniform else bool((remaining > 0).any()):

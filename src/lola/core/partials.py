@@ -37,9 +37,9 @@ class SoftmaxPartial:
     def empty(cls, batch: int, heads: int, length: int, head_dim: int, device: torch.device) -> "SoftmaxPartial":
         """A partial over no keys: ``num = 0``, ``den = 0``, ``max = -inf``."""
         return cls(
-            num=torch.zeros(batch, heads, length, head_dim, device=device),
-            den=torch.zeros(batch, heads, length, device=device),
-            max=torch.full((batch, heads, length), float("-inf"), device=device),
+            num=torch.zeros(batch, heads, length, head_dim, dtype=torch.float32, device=device),
+            den=torch.zeros(batch, heads, length, dtype=torch.float32, device=device),
+            max=torch.full((batch, heads, length), float("-inf"), dtype=torch.float32, device=device),
         )
 
     def merge(self, other: "SoftmaxPartial") -> "SoftmaxPartial":

@@ -307,7 +307,7 @@ class ExactStore:
             k=torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
             v=torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
             pos=torch.full((batch, heads, n), EMPTY, dtype=torch.long, device=device),
-            acc=torch.zeros(batch, heads, n, device=device) if track_attention else None,
+            acc=torch.zeros(batch, heads, n, dtype=torch.float32, device=device) if track_attention else None,
         )
 
     @property

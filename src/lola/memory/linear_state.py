@@ -26,8 +26,8 @@ class LinearState:
 
     def allocate(self, batch: int, heads: int, feature_dim: int, head_dim: int, device: torch.device) -> None:
         """Allocate a zero state."""
-        self.H = torch.zeros(batch, heads, feature_dim, head_dim, device=device)
-        self.s = torch.zeros(batch, heads, feature_dim, device=device)
+        self.H = torch.zeros(batch, heads, feature_dim, head_dim, dtype=torch.float32, device=device)
+        self.s = torch.zeros(batch, heads, feature_dim, dtype=torch.float32, device=device)
 
     @property
     def allocated(self) -> bool:

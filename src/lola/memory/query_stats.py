@@ -39,9 +39,9 @@ class QueryStatistics:
         return 2.0 ** (-1.0 / self.half_life)
 
     def allocate(self, batch: int, heads: int, head_dim: int, device: torch.device) -> None:
-        self.n = torch.zeros(batch, heads, device=device)
-        self.sum = torch.zeros(batch, heads, head_dim, device=device)
-        self.sq = torch.zeros(batch, heads, head_dim, head_dim, device=device)
+        self.n = torch.zeros(batch, heads, dtype=torch.float32, device=device)
+        self.sum = torch.zeros(batch, heads, head_dim, dtype=torch.float32, device=device)
+        self.sq = torch.zeros(batch, heads, head_dim, head_dim, dtype=torch.float32, device=device)
 
     def update(self, q: torch.Tensor, active: torch.Tensor) -> None:
         """Fold in a block of queries.

@@ -66,7 +66,7 @@ class SlidingWindow(ExactStore):
             _put(block.k, idx, k),
             _put(block.v, idx, v),
             _put(block.pos, idx, pos[:, None, :].expand(-1, hs, -1)),
-            None if block.acc is None else _put(block.acc, idx, torch.zeros(idx.shape, device=idx.device)),
+            None if block.acc is None else _put(block.acc, idx, torch.zeros(idx.shape, dtype=torch.float32, device=idx.device)),
         )
 
     def push(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, position: torch.Tensor | int) -> None:

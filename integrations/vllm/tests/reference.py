@@ -1,0 +1,34 @@
+"""Greedy tokens of lola's own transformers path (apply_lola + LoLACache) for every case.
+
+python reference.py MODEL_FOLDER OUT.json     # in lola's environment (transformers >= 5.24)
+"""
+
+import json
+import sys
+
+import torch
+from cases import CONFIGS, MAX_TOKENS, PROMPTS
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lola import LoLAConfig
+from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+
+
+def main(folder: str, out: str) -> None:
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokens = {}
+    for name, cfg in CONFIGS.items():
+        apply_lola(model, LoLAConfig(**cfg))
+        tokens[name] = []
+        for prompt in PROMPTS:
+            ids = tok(prompt, return_tensors="pt").input_ids
+            with torch.no_grad():
+                o = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, cache=LoLACache(model), eos_token_id=None, pad_token_id=0)
+            tokens[name].append(o[0, ids.shape[1] :].tolist())
+        remove_lola(model)
+    json.dump(tokens, open(out, "w"))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

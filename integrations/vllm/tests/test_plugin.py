@@ -1,0 +1,70 @@
+"""lola-vllm in vLLM's CPU build: greedy tokens equal lola's transformers path, the state per
+sequence is one fixed page, unsupported features are refused. Run by ../run_tests.sh, which
+builds the model and the reference tokens and runs this module once per case
+(LOLA_VLLM_MODEL, LOLA_VLLM_REFERENCE, LOLA_VLLM_CASE): vLLM allows one engine per process."""
+
+import json
+import os
+
+import pytest
+import torch
+from cases import CONFIGS, MAX_TOKENS, PROMPTS
+from vllm import LLM, SamplingParams
+
+MODEL = os.environ["LOLA_VLLM_MODEL"]
+REFERENCE = json.load(open(os.environ["LOLA_VLLM_REFERENCE"]))
+CASE = os.environ["LOLA_VLLM_CASE"]
+
+
+def _llm(cfg: dict, **kwargs) -> LLM:
+    return LLM(
+        model=MODEL, dtype="float32", enforce_eager=True, max_model_len=1024, hf_overrides={"architectures": ["LoLALlamaForCausalLM"], "lola": cfg}, **kwargs
+    )
+
+
+def _state_tensors(model) -> list:
+    return [(tuple(t.shape), t.dtype, t.data_ptr()) for m in model.modules() if hasattr(m, "get_state_shape") for t in m.kv_cache]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # four prompts, two slots: continuous batching, and slots reused by later requests
+    return _llm(CONFIGS[CASE], max_num_seqs=2)
+
+
+def test_unsupported_features_are_refused_with_a_message():
+    with pytest.raises(ValueError, match="enable_prefix_caching=False"):
+        _llm(CONFIGS[CASE], enable_prefix_caching=True)
+
+
+def test_greedy_tokens_equal_lolas_own_transformers_path(llm):
+    from lola_vllm.layer import CALLS
+
+    before = dict(CALLS)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+    assert [list(o.outputs[0].token_ids) for o in outs] == REFERENCE[CASE]
+    # LoLA served: prefills per sequence, batched decodes, every new request's slot reset
+    assert CALLS["prefill_seqs"] > before["prefill_seqs"] and CALLS["decode_rows"] > before["decode_rows"]
+    assert CALLS["resets"] - before["resets"] >= len(PROMPTS)
+
+
+def test_the_state_of_a_sequence_does_not_grow(llm):
+    before = llm.apply_model(_state_tensors)
+    out = llm.generate([PROMPTS[-1] + PROMPTS[0]], SamplingParams(max_tokens=96, temperature=0.0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 96  # 916 tokens seen: far past window + sparse cache
+    assert llm.apply_model(_state_tensors) == before  # the same pages, same shapes, same storage
+
+
+def test_the_state_page_is_lolas_state_for_one_row(llm):
+    import lola
+
+    def page_bytes(model):
+        return [
+            sum(int(torch.tensor(s).prod()) * torch.empty(0, dtype=d).element_size() for s, d in zip(m.get_state_shape(), m.get_state_dtype()))
+            for m in model.modules()
+            if hasattr(m, "get_state_shape")
+        ]
+
+    attn = lola.compose(lola.LoLAConfig(**CONFIGS[CASE]), num_heads=4, head_dim=32, num_kv_heads=2)
+    _, state = attn(torch.randn(1, 3, 4, 32), torch.randn(1, 3, 2, 32), torch.randn(1, 3, 2, 32))
+    assert llm.apply_model(page_bytes) == [[state.nbytes() - 8] * 2]  # all but the row's token count, per layer

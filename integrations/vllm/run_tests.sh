@@ -24,14 +24,18 @@ fi
 "$venv/bin/pip" install -q --no-deps -e "$here"
 "$venv/bin/pip" install -q "pytest>=8"
 
-echo "== tiny model and lola's reference tokens"
+echo "== models and lola's reference tokens"
 "$venv/bin/python" "$here/tests/make_tiny_llama.py" "$work/tiny-llama" > /dev/null
-(cd "$here/tests" && "$lola_python" reference.py "$work/tiny-llama" "$work/reference.json")
+(cd "$here/tests" && "$lola_python" reference.py "$work/tiny-llama" "$work/tiny-llama.json")
+(cd "$here/tests" && "$lola_python" export_smollm2.py "$work/smollm2" && "$lola_python" reference.py "$work/smollm2" "$work/smollm2.json" softmax_only)
 
 echo "== tests"
 cd "$here/tests"
-for case in softmax_only lolcats; do  # one vLLM engine per process
+# one vLLM engine per process: the module runs once per (model, case)
+for run in tiny-llama:softmax_only tiny-llama:lolcats smollm2:softmax_only; do
+  model="${run%%:*}" case="${run##*:}"
+  echo "-- $model, $case"
   HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$work/vllm-cache" \
-    LOLA_VLLM_MODEL="$work/tiny-llama" LOLA_VLLM_REFERENCE="$work/reference.json" LOLA_VLLM_CASE="$case" \
+    LOLA_VLLM_MODEL="$work/$model" LOLA_VLLM_REFERENCE="$work/$model.json" LOLA_VLLM_CASE="$case" \
     timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_plugin.py  # an engine that dies can hang
 done

@@ -14,12 +14,12 @@ from lola import LoLAConfig
 from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
 
 
-def main(folder: str, out: str) -> None:
+def main(folder: str, out: str, *cases: str) -> None:
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokens = {}
-    for name, cfg in CONFIGS.items():
-        apply_lola(model, LoLAConfig(**cfg))
+    for name in cases or CONFIGS:
+        apply_lola(model, LoLAConfig(**CONFIGS[name]))
         tokens[name] = []
         for prompt in PROMPTS:
             ids = tok(prompt, return_tensors="pt").input_ids
@@ -31,4 +31,4 @@ def main(folder: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:])

@@ -32,9 +32,16 @@ def llm():
     return _llm(CONFIGS[CASE], max_num_seqs=2)
 
 
-def test_unsupported_features_are_refused_with_a_message():
-    with pytest.raises(ValueError, match="enable_prefix_caching=False"):
-        _llm(CONFIGS[CASE], enable_prefix_caching=True)
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"enable_prefix_caching": True}, "enable_prefix_caching=False"),
+        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}}, "speculative decoding is not supported"),
+    ],
+)
+def test_unsupported_features_are_refused_with_a_message(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _llm(CONFIGS[CASE], **kwargs)
 
 
 def test_greedy_tokens_equal_lolas_own_transformers_path(llm):
@@ -65,6 +72,9 @@ def test_the_state_page_is_lolas_state_for_one_row(llm):
             if hasattr(m, "get_state_shape")
         ]
 
-    attn = lola.compose(lola.LoLAConfig(**CONFIGS[CASE]), num_heads=4, head_dim=32, num_kv_heads=2)
-    _, state = attn(torch.randn(1, 3, 4, 32), torch.randn(1, 3, 2, 32), torch.randn(1, 3, 2, 32))
-    assert llm.apply_model(page_bytes) == [[state.nbytes() - 8] * 2]  # all but the row's token count, per layer
+    config = json.load(open(os.path.join(MODEL, "config.json")))
+    h, hkv, layers = config["num_attention_heads"], config["num_key_value_heads"], config["num_hidden_layers"]
+    d = config["hidden_size"] // h
+    attn = lola.compose(lola.LoLAConfig(**CONFIGS[CASE]), num_heads=h, head_dim=d, num_kv_heads=hkv)
+    _, state = attn(torch.randn(1, 3, h, d), torch.randn(1, 3, hkv, d), torch.randn(1, 3, hkv, d))
+    assert llm.apply_model(page_bytes) == [[state.nbytes() - 8] * layers]  # all but the row's token count, per layer

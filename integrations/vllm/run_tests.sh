@@ -28,11 +28,21 @@ echo "== models and lola's reference tokens"
 "$venv/bin/python" "$here/tests/make_tiny_llama.py" "$work/tiny-llama" > /dev/null
 (cd "$here/tests" && "$lola_python" reference.py "$work/tiny-llama" "$work/tiny-llama.json")
 (cd "$here/tests" && "$lola_python" export_smollm2.py "$work/smollm2" && "$lola_python" reference.py "$work/smollm2" "$work/smollm2.json" softmax_only)
+# the same tiny model configured in its config.json instead of hf_overrides (`vllm serve FOLDER`)
+cp -r "$work/tiny-llama" "$work/tiny-llama-configured" && cp "$work/tiny-llama.json" "$work/tiny-llama-configured.json"
+"$venv/bin/python" - "$work/tiny-llama-configured/config.json" "$here/tests" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from cases import CONFIGS
+config = json.load(open(sys.argv[1]))
+config.update(architectures=["LoLALlamaForCausalLM"], lola=CONFIGS["softmax_only"])
+json.dump(config, open(sys.argv[1], "w"), indent=2)
+PY
 
 echo "== tests"
 cd "$here/tests"
 # one vLLM engine per process: the module runs once per (model, case)
-for run in tiny-llama:softmax_only tiny-llama:lolcats smollm2:softmax_only; do
+for run in tiny-llama:softmax_only tiny-llama:lolcats smollm2:softmax_only tiny-llama-configured:softmax_only; do
   model="${run%%:*}" case="${run##*:}"
   echo "-- $model, $case"
   HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$work/vllm-cache" \

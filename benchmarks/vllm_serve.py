@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 LOLA = {"window": 64, "sparse_size": 64, "sinks": 4, "chunk": 64, "policy": "sre"}
@@ -97,7 +98,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results = {}
     for method in ("stock", "lola"):
-        out = f"/tmp/vllm_serve_{os.getpid()}_{method}.json"
+        out = os.path.join(tempfile.gettempdir(), f"vllm_serve_{os.getpid()}_{method}.json")
         subprocess.run([sys.executable, __file__, *sys.argv[1:], "--method", method, "--json", out], check=True)
         results[method] = {int(k): v for k, v in json.load(open(out)).items()}
         os.remove(out)

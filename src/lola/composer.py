@@ -260,8 +260,7 @@ class LoLAMemory:
             The merged exact partial and the linear partial, both ``[B, H, T, ·]``;
             padded positions read nothing (``den = 0``).
         """
-        if self.seen is None:
-            raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
+        self._require_allocated()
         b, h, t, d = q.shape
         device = q.device
         # Pack each row's real tokens to the left, in order; rows then run independent schedules.
@@ -396,8 +395,7 @@ class LoLAMemory:
         """
         from lola.kernels import decode_step
 
-        if self.seen is None:
-            raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
+        self._require_allocated()
         if not self.decodes_fused:
             raise RuntimeError(f"{self!r} cannot use the fused decode step (custom exact memories or attention-scored policy): use attend()")
         seen = self._seen

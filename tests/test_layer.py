@@ -248,3 +248,43 @@ def test_state_is_float32_whatever_the_default_dtype():
     assert state.linear.state[0].dtype == state.linear.state[1].dtype == torch.float32
     assert state.window.block.acc.dtype == torch.float32 and o.dtype == torch.bfloat16
     assert bool(torch.isfinite(o).all())
+
+
+@pytest.mark.parametrize("mixing", ["lolcats", "lola_authors", "softmax_only"])
+def test_observing_the_linear_share_changes_no_output(mixing):
+    """observe_linear_share sees every call (prefill and decode tokens, which then take the unfused
+    path) with α in [0, 1] per head and token, and the outputs are those of the fused path."""
+    from lola.layer import observe_linear_share
+
+    cfg = lola.LoLAConfig(window=4, sparse_size=3, sinks=1, chunk=2, mixing=mixing, feature_map="hedgehog", feature_dim=4)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    torch.nn.init.normal_(attn.window_factors)
+    q, k, v = inputs(t=21)
+    seen = []
+    record = lambda layer, share, valid: seen.append((layer, share.clone(), valid.clone()))  # noqa: E731
+
+    def run(observe: bool):
+        o, state = attn(q[:, :17], k[:, :17], v[:, :17])
+        outs = [o]
+        for t in range(17, 21):
+            if observe:
+                with observe_linear_share(record):
+                    outs.append(attn(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], state=state)[0])
+            else:
+                outs.append(attn(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], state=state)[0])
+        return torch.cat(outs, 1)
+
+    torch.testing.assert_close(run(observe=True), run(observe=False), rtol=1e-5, atol=1e-6)
+    assert len(seen) == 4 and all(layer is attn for layer, _, _ in seen)
+    for _, share, valid in seen:
+        assert share.shape == (2, 4, 1) and valid.shape == (2, 1) and bool(valid.all())
+        assert bool(((share >= 0) & (share <= 1)).all())
+        if mixing == "softmax_only":
+            assert bool((share == 0).all())
+        else:
+            assert bool((share > 0).all())  # after 17 tokens the state holds evicted ones
+    with observe_linear_share(record):
+        pass
+    n = len(seen)
+    attn(q[:, :1], k[:, :1], v[:, :1])  # outside the block: not observed
+    assert len(seen) == n

@@ -106,6 +106,12 @@ def _niah(args: argparse.Namespace) -> int:
     for r in records:
         speed.setdefault(r["method"], []).append(r.get("tokens_per_second", 0.0))
     print("\ntokens/s: " + ", ".join(f"{m} {sum(v) / len(v):.0f}" for m, v in speed.items()))
+    from lola.outputs import read_json
+
+    ran = read_json(Path(out) / "results.json", "a lola niah results file").get("methods", {})  # the configs after trained maps filled them in
+    rules = {m: c["mixing"] for m, c in ran.items() if isinstance(c, dict) and "mixing" in c}
+    if rules:
+        print("mixing rules: " + ", ".join(f"{m} {rule}" for m, rule in rules.items()))
     print(f"\nresults: {out}/results.json, samples.jsonl, accuracy.png, cache_bytes.png")
     return 0
 
@@ -231,6 +237,7 @@ def _perplexity(args: argparse.Namespace) -> int:
         "sinks",
         "chunk",
         "policy",
+        "mixing",
         "windows",
         "text",
         "generate",
@@ -405,7 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 192)")
     niah.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
     niah.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
-    niah.add_argument("--mixing", help="mixing rule of the lola method (default softmax_only; with --feature-maps, theirs)")
+    niah.add_argument(
+        "--mixing",
+        help="mixing rule of the lola method: lola_authors, lolcats or softmax_only (default softmax_only; with --feature-maps, lola_authors, the paper's)",
+    )
     niah.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder: trained feature maps for every method but full")
     niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12; 64 for niah_multikey_3 and vt)")
     niah.add_argument("--seed", type=int)
@@ -478,9 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--methods", nargs="+", help=f"any of {' '.join(PPL_METHODS)} (default all)")
     ppl.add_argument("--window", type=int, help="sliding window (default 64)")
     ppl.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 64)")
-    ppl.add_argument("--sinks", type=int, help="pinned first tokens (default 0)")
+    ppl.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
     ppl.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
     ppl.add_argument("--policy", help="scoring policy of the lola method (default sre)")
+    ppl.add_argument("--mixing", help="mixing rule of the lola method: lola_authors (default, the paper's), lolcats or softmax_only (the exact tokens alone)")
     ppl.add_argument("--windows", type=int, help="held-out windows per length (default 4)")
     ppl.add_argument("--text", nargs="+", help="files, folders or corpus names whose last 10%% is held out (default: the default corpus)")
     ppl.add_argument("--generate", type=int, help="greedy tokens generated per window for the repetition check (default 64; 0: off)")

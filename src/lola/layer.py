@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable
+import threading
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
 from lola.composer import LoLAMemory
 from lola.config import LoLAConfig
-from lola.core.mixing import MixingRule, kernel_mixing, mix
+from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix
 from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
 
-__all__ = ["LoLAAttention", "compose", "memory_from_config"]
+__all__ = ["LoLAAttention", "compose", "memory_from_config", "observe_linear_share"]
+
+_observers = threading.local()
+
+
+@contextlib.contextmanager
+def observe_linear_share(callback: Callable[["LoLAAttention", torch.Tensor, torch.Tensor], None]) -> Iterator[None]:
+    """Call ``callback(layer, share, valid)`` after every :class:`LoLAAttention` call in this thread.
+
+    ``share [B, H, T]`` is the part of each output that the linear state gives
+    (:func:`lola.core.linear_share`: ``0`` for ``softmax_only``, ``1`` for an output read from
+    the state alone); ``valid [B, T]`` marks real tokens. While a callback is active, decode
+    tokens take the unfused path (same outputs, tested) so their partials can be read. A
+    diagnostic: it costs a pass over the partials per layer.
+    """
+    stack = getattr(_observers, "stack", None)
+    if stack is None:
+        stack = _observers.stack = []
+    stack.append(callback)
+    try:
+        yield
+    finally:
+        stack.remove(callback)
 
 
 class LoLAAttention(nn.Module):
@@ -118,7 +142,8 @@ class LoLAAttention(nn.Module):
             g = self.num_heads // self.num_kv_heads
             kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
         valid = None if padding_mask is None else _as_bool_mask(padding_mask, q)
-        if q.shape[1] == 1 and state.decodes_fused and (valid is None or bool(valid.all())):
+        observers = getattr(_observers, "stack", None)
+        if q.shape[1] == 1 and state.decodes_fused and not observers and (valid is None or bool(valid.all())):
             # One token per row: the fused decode step (one kernel call reads and mixes);
             # softmax_only never reads the linear state nor the gate, so neither is computed.
             mixing = kernel_mixing(self.mixing, self.affine)
@@ -133,6 +158,10 @@ class LoLAAttention(nn.Module):
         fq = self.feature_map_q(qh)
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
         o = mix(exact, linear, gate, self.mixing, self.affine)
+        if observers:
+            share = linear_share(exact, linear, gate, self.mixing, self.affine)
+            for callback in tuple(observers):
+                callback(self, share, valid)
         return o.transpose(1, 2).to(q.dtype), state
 
     # -- validation -----------------------------------------------------------------------------

@@ -50,9 +50,11 @@ def method_config(
         chunk: tokens between select-and-evict steps (every method but ``full``).
         policy: the ``lola`` method's scoring policy (``None``: left unset, i.e. ``"sre"``).
         mixing: the mixing rule of ``lola``. ``None``: ``softmax_only``, or with ``trained_maps``
-            left unset for the maps to fill in. ``lolcats`` mixes the same way, except that
+            left unset for :func:`lola.resolve.resolve_mixing` to decide when the maps are loaded
+            (the paper's ``lola_authors``). ``lolcats`` mixes the same way, except that
             ``softmax_only`` (which would ignore the linear state) becomes ``lola_authors``; with
-            ``trained_maps`` its rule is always left to the maps. ``window`` is ``softmax_only``.
+            ``trained_maps`` its rule is always left unset (the rule the maps were trained with).
+            ``window`` is ``softmax_only``.
         trained_maps: trained feature maps will be loaded into the config
             (``apply_lola(..., feature_maps=...)``).
         hybrid_window: ``"budget"``: ``window`` and ``lolcats`` keep ``window + sparse_size``

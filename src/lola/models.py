@@ -117,7 +117,7 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
             the feature maps and LoRA adapters shipped with lola for it
             (:mod:`lola.linearize.shipped`); generate with ``cache=LoLACache(model)``.
         lola_config: with ``linearized``, the :class:`lola.LoLAConfig` to apply (default
-            ``LoLAConfig()``: window 64, sparse cache 64, 4 sinks, the maps' mixing rule); the
+            ``LoLAConfig()``: window 64, sparse cache 64, 4 sinks, the paper's ``lola_authors`` mixing rule: see :mod:`lola.resolve`); the
             bare hybrid is ``LoLAConfig(sparse_size=0, sinks=0, schedule="tokenwise")``.
 
     Returns:

@@ -80,7 +80,8 @@ def test_budgets_apply_to_a_config_and_keep_its_overrides():
 
 def test_budgets_leave_unset_fields_unset_so_trained_maps_can_fill_them_in():
     """Regression: applying budgets used to mark every field as set, so trained feature maps
-    could no longer bring their mixing rule (lola niah --feature-maps ran softmax_only)."""
+    could no longer bring their fields nor have the mixing rule decided (lola niah --feature-maps
+    ran softmax_only)."""
     from lola.linearize.folder import FeatureMaps
 
     b = HeadBudgets(sparse_size_per_head=[[10, 0], [4, 6]], uniform_sparse_size=5, scores=[[1, 0], [0.4, 0.6]], power=1.0)
@@ -88,7 +89,9 @@ def test_budgets_leave_unset_fields_unset_so_trained_maps_can_fill_them_in():
     assert cfg.model_fields_set == {"sparse_size", "window", "layer_overrides"}
     maps = FeatureMaps(config=lola.LoLAConfig(feature_map="hedgehog", feature_dim=8, mixing="lolcats"), geometry={}, tensors={}, path="maps")
     merged = maps.merge_into(cfg)
-    assert merged.mixing == "lolcats" and merged.feature_map == "hedgehog"
+    assert merged.mixing == "lola_authors" and merged.feature_map == "hedgehog"  # LoLA on trained maps: the paper's rule
+    hybrid = maps.merge_into(b.apply(lola.LoLAConfig(sparse_size=0, window=8)))  # every budget 0: the hybrid, as trained
+    assert hybrid.mixing == "lolcats"
     assert merged.for_layer(1).sparse_size_per_head == [4, 6]
 
 

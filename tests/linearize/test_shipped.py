@@ -49,7 +49,9 @@ def test_a_shipped_name_loads_like_its_folder(registered, folder):
 
 def test_models_load_linearized(registered):
     model, tok = lola.models.load("tiny-random-llama", linearized=True)
-    assert model._lola.feature_maps == str(registered) and model._lola.config.mixing == "lolcats"
+    assert model._lola.feature_maps == str(registered) and model._lola.config.mixing == "lola_authors"  # LoLA: the paper's rule
+    hybrid, _ = lola.models.load("tiny-random-llama", linearized=True, lola_config=lola.LoLAConfig(sparse_size=0, sinks=0, schedule="tokenwise"))
+    assert hybrid._lola.config.mixing == "lolcats" == read_feature_maps("tiny-maps").config.mixing  # the hybrid as trained
     with pytest.raises(ValueError, match="no linearized feature maps ship"):
         lola.models.load("tiny-random-llama-2", linearized=True)
     with pytest.raises(ValueError, match="only used with linearized=True"):

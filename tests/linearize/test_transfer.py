@@ -78,7 +78,8 @@ def test_apply_lola_loads_the_trained_maps(trained):
     attn = model._lola.modules[1]
     torch.testing.assert_close(attn.feature_map_q.mlp.layer.detach(), maps.tensors["model.layers.1.self_attn.feature_map_q.mlp.layer"])
     torch.testing.assert_close(attn.window_factors.detach().flatten(), maps.tensors["model.layers.1.self_attn.window_factors"].flatten())
-    assert model._lola.config.mixing == maps.config.mixing  # filled in from the folder
+    # LoLA (a sparse cache) on maps trained with lolcats reads them with the paper's rule
+    assert maps.config.mixing == "lolcats" and model._lola.config.mixing == "lola_authors"
     ids = tok("The quick brown fox jumps over the lazy dog. " * 4, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.isfinite(model(ids, cache=LoLACache(model)).logits).all()
@@ -163,11 +164,17 @@ def test_cli_quick_run_and_niah_with_feature_maps(tmp_path, capsys):
     )
     text = capsys.readouterr().out
     assert "lolcats" in text and "lola" in text and "x)" in text and "repeated 4-grams" in text
+    assert "(lolcats)" in text and "(lola_authors)" in text  # the hybrid's trained rule, LoLA's default
+    small = ["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(out), "--length", "64", "--windows", "1", "--text", "pydoc"]
+    assert main([*small, "--methods", "lola", "--generate", "0", "--mixing", "softmax_only"]) == 0
+    assert "(softmax_only)" in capsys.readouterr().out
+    assert main([*small, "--mixing", "average"]) == 2
+    assert "mixing" in capsys.readouterr().err
     assert main(["niah", "--model", "tiny-random-llama", "--feature-maps", str(tmp_path / "nope"), "--out", str(tmp_path / "n")]) == 2
     assert "not a feature-map folder" in capsys.readouterr().err
 
 
-def test_niah_methods_take_the_trained_mixing_unless_told_otherwise(trained):
+def test_niah_methods_take_the_default_rule_per_method_unless_told_otherwise(trained):
     from lola.eval.runner import NiahRun, method_configs
 
     out, _ = trained
@@ -177,7 +184,10 @@ def test_niah_methods_take_the_trained_mixing_unless_told_otherwise(trained):
     assert cfgs["window"].mixing == "softmax_only"
     model, _ = tiny_random()
     apply_lola(model, cfgs["lolcats"], feature_maps=out)
-    assert model._lola.config.mixing == "lolcats" == read_feature_maps(out).config.mixing
+    assert model._lola.config.mixing == "lolcats" == read_feature_maps(out).config.mixing  # the hybrid as trained
+    remove_lola(model)
+    apply_lola(model, cfgs["lola-sre"], feature_maps=out)
+    assert model._lola.config.mixing == "lola_authors"  # LoLA: the paper's rule
     remove_lola(model)
     told = method_configs(NiahRun(feature_maps=str(out), mixing="softmax_only", **small))
     apply_lola(model, told["lola-sre"], feature_maps=out)
@@ -188,7 +198,7 @@ def test_niah_methods_take_the_trained_mixing_unless_told_otherwise(trained):
     assert plain["lola-sre"].mixing == "softmax_only" and plain["lolcats"].mixing == "lola_authors"
 
 
-def test_niah_records_the_configs_the_methods_really_ran(trained, tmp_path):
+def test_niah_records_the_configs_the_methods_really_ran(trained, tmp_path, capsys):
     """results.json shows each method's config after the feature maps filled in their fields."""
     out, _ = trained
     folder = tmp_path / "n"
@@ -196,6 +206,44 @@ def test_niah_records_the_configs_the_methods_really_ran(trained, tmp_path):
     assert main([*args, "--lengths", "512", "--samples", "1", "--out", str(folder)]) == 0
     methods = json.loads((folder / "results.json").read_text())["methods"]
     trained_cfg = read_feature_maps(out).config
+    assert methods["lolcats"]["mixing"] == trained_cfg.mixing == "lolcats"
+    assert methods["lola-sre"]["mixing"] == "lola_authors"
+    assert "mixing rules: lolcats lolcats, lola-sre lola_authors" in capsys.readouterr().out
     for name in ("lolcats", "lola-sre"):
-        assert methods[name]["mixing"] == trained_cfg.mixing == "lolcats"
         assert methods[name]["feature_map"] == trained_cfg.feature_map
+
+
+def test_perplexity_runs_each_method_with_its_rule_and_measures_the_state_share(trained):
+    """lola perplexity: the hybrid reads its trained rule, LoLA the paper's (or --mixing); the
+    linear state's share is 0 for softmax_only and strictly between 0 and 1 for the rules that mix."""
+    from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
+
+    out, _ = trained
+    model, tok = tiny_random()
+    small = dict(
+        model="tiny-random-llama", lengths=[96], windows=1, window=8, sparse_size=4, sinks=1, chunk=8, text=["pydoc"], generate=0, feature_maps=str(out)
+    )
+    res = run_perplexity(PerplexityRun(methods=["full", "lolcats", "lola"], **small), model, tok, progress=False)
+    assert res["lolcats"][96]["mixing"] == "lolcats" and res["lola"][96]["mixing"] == "lola_authors"
+    assert "linear_share" not in res["full"][96]
+    for m in ("lolcats", "lola"):
+        per_layer = res[m][96]["linear_share_per_layer"]
+        assert set(per_layer) == {0, 1} and all(0 < x < 1 for x in per_layer.values())
+        assert res[m][96]["linear_share"] == pytest.approx(sum(per_layer.values()) / 2)
+    exact = run_perplexity(PerplexityRun(methods=["lola"], mixing="softmax_only", **small), model, tok, progress=False)
+    assert exact["lola"][96]["mixing"] == "softmax_only" and exact["lola"][96]["linear_share"] == 0
+    assert exact["lola"][96]["ppl"] != res["lola"][96]["ppl"]  # the state changed the outputs
+    text = format_perplexity({**res, "lola-exact": exact["lola"]})
+    assert "share of the outputs from the linear state" in text and "(lola_authors)" in text and "(softmax_only)" in text
+
+
+def test_lm_eval_model_args_take_the_same_default(trained):
+    from lola.integrations.lm_eval.model import lola_config_from_args
+
+    out, _ = trained
+    cfg, maps = lola_config_from_args(None, model_name="tiny-random-llama", feature_maps=str(out), budgets="uniform", window=8, sparse_size=4)
+    assert cfg.mixing == "lola_authors" and maps.config.mixing == "lolcats"
+    hybrid, _ = lola_config_from_args(None, model_name="tiny-random-llama", feature_maps=str(out), budgets="uniform", window=8, sparse_size=0)
+    assert hybrid.mixing == "lolcats"
+    told, _ = lola_config_from_args(None, model_name="tiny-random-llama", feature_maps=str(out), budgets="uniform", sparse_size=4, mixing="lolcats")
+    assert told.mixing == "lolcats"

@@ -26,9 +26,10 @@ from enum import Enum
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial
+from lola.kernels.decode_step.reference import linear_share as _linear_share
 from lola.kernels.decode_step.reference import mix_partials
 
-__all__ = ["MixingRule", "kernel_mixing", "mix"]
+__all__ = ["MixingRule", "kernel_mixing", "linear_share", "mix"]
 
 
 class MixingRule(str, Enum):
@@ -66,3 +67,24 @@ def mix(
         ``[B, H, L, D]`` float32 outputs.
     """
     return mix_partials(exact.num, exact.den, exact.max, linear.num, linear.den, gate, kernel_mixing(rule, affine))
+
+
+def linear_share(
+    exact: SoftmaxPartial,
+    linear: LinearPartial,
+    gate: torch.Tensor,
+    rule: MixingRule | str,
+    affine: bool = False,
+) -> torch.Tensor:
+    """The share ``α`` of each output that comes from the linear state.
+
+    Each rule's output is the convex combination ``α · L.num/L.den + (1 − α) · E.num/E.den``;
+    ``α`` is ``0`` for ``softmax_only`` (see :func:`lola.kernels.decode_step.reference.linear_share`).
+
+    Args:
+        exact, linear, gate, rule, affine: as in :func:`mix`.
+
+    Returns:
+        ``[B, H, L]`` float32 in ``[0, 1]``.
+    """
+    return _linear_share(exact.den, exact.max, linear.den, gate, kernel_mixing(rule, affine))

@@ -4,6 +4,9 @@ Each context length ``L`` cuts the held-out token stream into non-overlapping wi
 tokens; a method's perplexity is ``exp`` of the mean next-token negative log-likelihood over
 every predicted token of every window (``L − 1`` per window), one forward pass per window.
 
+Each LoLA method also reports the share of its layers' outputs that comes from the linear
+state (:mod:`lola.eval.linear_share`), per layer, measured on the same windows.
+
 Perplexity hides generation failures, so each method also continues the first
 ``generate_windows`` windows of every length greedily for ``generate`` tokens, and the report
 gives the repeated 4-gram rate of those continuations (:mod:`lola.eval.generation`) beside
@@ -38,9 +41,14 @@ class PerplexityRun(BaseModel):
     feature_maps: str | None = None
     window: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
     sparse_size: Tokens = 64
-    sinks: Tokens = 0
+    # LoLAConfig's default: the hybrid read 1.21x full attention's perplexity without sinks and
+    # 1.08x with 4 (shipped linearized SmolLM2, 12 windows of 1K; docs/results.md).
+    sinks: Tokens = 4
     chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
     policy: str = "sre"
+    mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
+        None, description="mixing rule of the lola method; None: the paper's lola_authors (with trained maps: lola.resolve's default, the same)"
+    )
     windows: StrictInt = Field(4, ge=1, le=1_000_000, description="held-out windows per length (at most)")
     generate: StrictInt = Field(
         64, ge=0, le=MAX_TOKENS, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)"
@@ -75,7 +83,9 @@ class PerplexityRun(BaseModel):
 def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
     """``{method: LoLA config}`` (``None`` = stock attention), built by :func:`lola.methods.method_config`:
     ``lolcats`` is the hybrid (window + linear state, the window of ``lola``), ``lola`` adds the
-    sparse cache; the mixing rule comes from the feature maps, else ``lola_authors``."""
+    sparse cache. Mixing: ``run.mixing`` for ``lola``; left unset, with trained maps
+    :func:`lola.resolve.resolve_mixing` decides (``lola_authors`` for ``lola``, the trained rule
+    for the hybrid), without them both use ``lola_authors``."""
     trained = run.feature_maps is not None
     return {
         method: method_config(
@@ -85,7 +95,7 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             sinks=run.sinks,
             chunk=run.chunk,
             policy=run.policy,
-            mixing=None if trained else "lola_authors",
+            mixing=run.mixing if run.mixing is not None or trained else "lola_authors",
             trained_maps=trained,
             hybrid_window="window",
         )
@@ -108,6 +118,7 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
 
     from lola.data import encode, load_split
     from lola.eval.generation import greedy_continuation, repeated_ngram_rate
+    from lola.eval.linear_share import LinearShareMeter
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
 
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -126,15 +137,25 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     bar = tqdm(total=len(jobs) + gen_jobs, desc="perplexity", disable=not progress)
     sums: dict[tuple[str, int], list[float]] = {}
     repeats: dict[tuple[str, int], list[float]] = {}
+    shares: dict[tuple[str, int], LinearShareMeter] = {}
+    ran: dict[str, LoLAConfig | None] = {}
     for method, cfg in configs.items():
         if cfg is not None:
             apply_lola(model, cfg, feature_maps=run.feature_maps)
+            ran[method] = model._lola.config  # after trained maps filled in their fields
+        else:
+            ran[method] = None
         try:
             for m, n, w in jobs:
                 if m != method:
                     continue
                 window = ids[w * n : (w + 1) * n].view(1, n).to(device)
-                nll, count = window_nll(model, window, LoLACache(model) if cfg is not None else None)
+                if cfg is None:
+                    nll, count = window_nll(model, window)
+                else:
+                    meter = shares.setdefault((method, n), LinearShareMeter(model._lola.modules))
+                    with meter:
+                        nll, count = window_nll(model, window, LoLACache(model))
                 acc = sums.setdefault((method, n), [0.0, 0, 0])
                 acc[0] += nll
                 acc[1] += count
@@ -156,13 +177,19 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
             cell = {"ppl": math.exp(total / count), "tokens": count, "windows": windows}
             if (m, n) in repeats:
                 cell["repeat4"] = sum(repeats[(m, n)]) / len(repeats[(m, n)])
+            if (m, n) in shares:
+                meter = shares[(m, n)]
+                cell["linear_share"] = meter.mean()
+                cell["linear_share_per_layer"] = meter.per_layer()
+                cell["mixing"] = ran[m].mixing
             results[m][n] = cell
     return results
 
 
 def format_perplexity(results: dict[str, dict[int, dict[str, float]]]) -> str:
-    """A text table: perplexity per method × length, the ratio to ``full`` when present, and the
-    repeated 4-gram rate of the greedy continuations when measured."""
+    """A text table: perplexity per method × length, the ratio to ``full`` when present, the
+    repeated 4-gram rate of the greedy continuations when measured, and the linear state's share
+    of the outputs (mean over layers, then per layer)."""
     lengths = sorted({n for per in results.values() for n in per})
     head = f"{'method':<12}" + "".join(f"{n:>16}" for n in lengths)
     lines = [head, "-" * len(head)]
@@ -178,4 +205,18 @@ def format_perplexity(results: dict[str, dict[int, dict[str, float]]]) -> str:
         lines += ["", "repeated 4-grams in greedy continuations (0 = none; compare with full)", head, "-" * len(head)]
         for m, per in results.items():
             lines.append(f"{m:<12}" + "".join(f"{per[n]['repeat4']:.2f}".rjust(16) if "repeat4" in per[n] else " " * 16 for n in lengths))
+    with_shares = {m: per for m, per in results.items() if any("linear_share" in c for c in per.values())}
+    if with_shares:
+        lines += ["", "share of the outputs from the linear state (mean over layers and tokens; 0 = exact tokens only)", head, "-" * len(head)]
+        for m, per in with_shares.items():
+            rule = next(c["mixing"] for c in per.values() if "mixing" in c)
+            lines.append(
+                f"{m:<12}" + "".join(f"{per[n]['linear_share']:.3f}".rjust(16) if "linear_share" in per[n] else " " * 16 for n in lengths) + f"   ({rule})"
+            )
+        for n in lengths:
+            layers = sorted({int(i) for per in with_shares.values() for i in per[n].get("linear_share_per_layer", {})})
+            lines += ["", f"per layer at {n} tokens (percent)", f"{'layer':<12} " + " ".join(f"{i:>3}" for i in layers)]
+            for m, per in with_shares.items():
+                by_layer = {int(i): x for i, x in per[n].get("linear_share_per_layer", {}).items()}
+                lines.append(f"{m:<12} " + " ".join(f"{100 * by_layer[i]:3.0f}" if i in by_layer else "   " for i in layers))
     return "\n".join(lines)

@@ -80,7 +80,8 @@ class NiahRun(BaseModel):
     chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS)
     # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
-    # None: softmax_only, or with feature_maps the rule they were trained with.
+    # None: softmax_only, or with feature_maps lola.resolve's default (lola_authors for LoLA, the
+    # trained rule for the hybrid).
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = None
     feature_maps: str | None = Field(None, description="a `lola linearize` folder, or a shipped name, loaded into every method but full")
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
@@ -200,7 +201,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods, built by
     :func:`lola.methods.method_config`; ``lola`` is run once per policy (``lola-<policy>``) and
     once per variant (``lola-<name>``)."""
-    # With trained feature maps an unset mixing rule is left to the maps (apply_lola fills it in).
+    # With trained feature maps an unset mixing rule is decided when they are loaded (lola.resolve).
     settings = dict(
         window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
     )

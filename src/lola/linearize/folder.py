@@ -38,8 +38,9 @@ _TENSOR_KEY = re.compile(
     r"(?:^|\.)layers\.(\d+)\.self_attn\.(feature_map_q\.mlp\.layer|feature_map_k\.mlp\.layer|feature_map_q\.mlp\.bias|feature_map_k\.mlp\.bias|window_factors)$"
 )
 
-# Fields of LoLAConfig that the trained maps fix; budgets and policies stay the user's choice.
-TRAINED_FIELDS = ("feature_map", "feature_dim", "mixing", "affine")
+# Fields of LoLAConfig that the trained maps fix; budgets and policies stay the user's choice, and
+# the mixing rule is decided by lola.resolve (the trained rule for the hybrid, the paper's for LoLA).
+TRAINED_FIELDS = ("feature_map", "feature_dim", "affine")
 
 
 @dataclass
@@ -63,23 +64,27 @@ class FeatureMaps:
     lora_spec: LoraSpec | None = None
 
     def merge_into(self, config: LoLAConfig) -> LoLAConfig:
-        """``config`` with the trained fields (feature map, ``f``, mixing, affine) filled in.
+        """``config`` with the trained fields (feature map, ``f``, affine) filled in and its
+        mixing rule decided by :func:`lola.resolve.resolve_mixing`: unset, it is the paper's
+        ``lola_authors`` for LoLA (a sparse cache) and the trained rule for the hybrid.
 
         A trained field the caller set explicitly to another value is an error, except
         ``mixing``, which the caller may change on purpose (e.g. ``softmax_only`` for scoring
         studies).
         """
+        from lola.resolve import resolve_mixing
+
         update = {}
         for field in TRAINED_FIELDS:
             ours, theirs = getattr(self.config, field), getattr(config, field)
-            if field in config.model_fields_set and theirs != ours and field != "mixing":
+            if field in config.model_fields_set and theirs != ours:
                 raise ValueError(
                     f"config.{field}={theirs!r} conflicts with the feature maps in {self.path!r}, trained with {field}={ours!r}; "
                     f"leave {field} unset or set it to {ours!r}"
                 )
             if field not in config.model_fields_set:
                 update[field] = ours
-        return config.model_copy(update=update) if update else config
+        return resolve_mixing(config.model_copy(update=update) if update else config, self.config.mixing)
 
 
 def model_geometry(model: torch.nn.Module) -> dict:

@@ -19,8 +19,8 @@ from vllm.model_executor.models.utils import extract_layer_index
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
-from lola import LoLAConfig
 from lola.layer import compose
+from lola.resolve import resolve_config
 
 #: What the layers of this process ran (tests read it to see that LoLA, not a fallback, served).
 CALLS = {"decode_rows": 0, "prefill_seqs": 0, "resets": 0}
@@ -58,7 +58,7 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             self.head_dim, max_position=max_position_embeddings, rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True
         )
         layer = extract_layer_index(prefix)
-        cfg = LoLAConfig(**(getattr(config, "lola", None) or {})).for_layer(layer)
+        cfg = resolve_config(getattr(config, "lola", None)).for_layer(layer)  # lola's defaults, decided where lola decides them
         self.lola = compose(cfg, num_heads, self.head_dim, num_kv_heads, layer=layer)
         dtype = vllm_config.model_config.dtype
         t = self.lola.new_state()

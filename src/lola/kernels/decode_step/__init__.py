@@ -8,7 +8,7 @@ import torch
 
 from ..dispatch import implementation
 from ..utils import ShapeChecker, check_float, check_fp32, check_integer, check_same_device
-from .reference import MIXING_RULES, check_mixing, mix_partials
+from .reference import MIXING_RULES, check_mixing, linear_share, mix_partials, mixing_weights
 
 
 def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
@@ -81,4 +81,4 @@ def decode_step(
     return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale)
 
 
-__all__ = ["decode_step", "mix_partials", "MIXING_RULES", "check_inputs"]
+__all__ = ["decode_step", "mix_partials", "mixing_weights", "linear_share", "MIXING_RULES", "check_inputs"]

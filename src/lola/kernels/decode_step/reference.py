@@ -62,22 +62,61 @@ def mix_partials(
         ``o [B, H, L, D]`` fp32.
     """
     check_mixing(mixing)
-    e_num, e_den, e_max = e_num.float(), e_den.float(), e_max.float()
-    w = gate.float().reshape(1, -1, 1)  # [1, H, 1]
+    e_num, e_den = e_num.float(), e_den.float()
     if mixing == "softmax_only":
         return safe_divide(e_num, e_den)
-    l_num, l_den = l_num.float(), l_den.float()
-    if mixing == "lolcats":
-        a, b = w, torch.ones_like(w)
-    elif mixing == "lolcats_affine":
-        a, b = w, 1 - w
-    else:  # lola_authors: unshifted softmax sums e^m E, both sides scaled by e^{-c}
-        c = e_max.clamp_min(0.0)  # -inf (nothing visible) -> 0
-        a = w * torch.exp(e_max - c)  # <= w; exactly 0 when nothing is visible
-        b = (1 - w) * torch.exp(-c)
-    num = a[..., None] * e_num + b[..., None] * l_num
-    den = a * e_den + b * l_den
+    a, b = mixing_weights(e_max, gate, mixing)
+    num = a[..., None] * e_num + b[..., None] * l_num.float()
+    den = a * e_den + b * l_den.float()
     return safe_divide(num, den)
+
+
+def mixing_weights(e_max: torch.Tensor, gate: torch.Tensor, mixing: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights ``a`` (exact partials) and ``b`` (linear partials) of a rule that mixes:
+    ``o = (a E_num + b L_num) / (a E_den + b L_den)``.
+
+    Args:
+        e_max: ``[B, H, L]`` max logit of the exact partials (``-inf`` when nothing was visible).
+        gate: ``[H]`` softmax weight ``w`` per head (already sigmoid-ed).
+        mixing: ``lolcats``, ``lolcats_affine`` or ``lola_authors``.
+
+    Returns:
+        ``a``, ``b``, each ``[B, H, L]`` (or broadcastable to it) fp32.
+    """
+    w = gate.float().reshape(1, -1, 1)  # [1, H, 1]
+    if mixing == "lolcats":
+        return w, torch.ones_like(w)
+    if mixing == "lolcats_affine":
+        return w, 1 - w
+    if mixing != "lola_authors":
+        raise ValueError(f"mixing {mixing!r} has no linear term; expected lolcats, lolcats_affine or lola_authors")
+    # lola_authors: unshifted softmax sums e^m E, both sides scaled by e^{-c}
+    e_max = e_max.float()
+    c = e_max.clamp_min(0.0)  # -inf (nothing visible) -> 0
+    return w * torch.exp(e_max - c), (1 - w) * torch.exp(-c)  # a <= w; exactly 0 when nothing is visible
+
+
+def linear_share(e_den: torch.Tensor, e_max: torch.Tensor, l_den: torch.Tensor, gate: torch.Tensor, mixing: str) -> torch.Tensor:
+    """The share of each output that the linear state gives.
+
+    Every mixing rule is a convex combination ``o = α · L_num/L_den + (1 − α) · E_num/E_den``
+    with ``α = b L_den / (a E_den + b L_den)`` (:func:`mixing_weights`); ``α`` is returned
+    (``0`` for ``softmax_only`` and where both denominators are zero).
+
+    Args:
+        e_den, e_max: ``[B, H, L]`` exact partials (as in :func:`mix_partials`).
+        l_den: ``[B, H, L]`` linear denominator ``fq^T s``.
+        gate: ``[H]``; mixing: one of :data:`MIXING_RULES`.
+
+    Returns:
+        ``α [B, H, L]`` fp32 in ``[0, 1]``.
+    """
+    check_mixing(mixing)
+    if mixing == "softmax_only":
+        return torch.zeros_like(e_den, dtype=torch.float32)
+    a, b = mixing_weights(e_max, gate, mixing)
+    lin = b * l_den.float()
+    return safe_divide(lin[..., None], a * e_den.float() + lin)[..., 0]
 
 
 def softmax_over_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor, scale: float) -> torch.Tensor:

@@ -1,0 +1,75 @@
+"""The one place that decides the mixing rule a config runs with on trained feature maps.
+
+A LoLA config may leave ``mixing`` unset. Without trained maps it is ``LoLAConfig``'s default
+(``softmax_only``: untrained maps would damage the output). With trained maps:
+
+- **LoLA** (a sparse cache in any layer): the paper's rule, ``lola_authors``. The LoLA paper
+  adds the sparse cache to LoLCATs hybrids trained with the max-shifted ``lolcats`` rule, *without
+  further training*, and reads them with its own unshifted rule (the authors' code notes the
+  shifted rule scored 0% where theirs scored 48%). Measured here on the shipped linearized
+  SmolLM2 (docs/results.md): the trained rule keeps 20% / 0% of the pass-keys at 2K / 4K,
+  the paper's rule most of them.
+- **The hybrid** (no sparse cache): the rule the maps were trained with, i.e. the hybrid as it
+  was trained.
+
+A rule the caller sets is always kept. :meth:`lola.linearize.folder.FeatureMaps.merge_into` calls
+:func:`resolve_mixing`, so ``apply_lola(..., feature_maps=…)``, ``lola.models.load(...,
+linearized=True)``, ``lola niah``, ``lola perplexity``, the lm-eval model and the vLLM plug-in
+(:func:`resolve_config`) all share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lola.config import LoLAConfig
+
+__all__ = ["PAPER_MIXING", "default_mixing", "has_sparse_cache", "resolve_config", "resolve_mixing"]
+
+PAPER_MIXING = "lola_authors"
+"""The LoLA paper's rule: how LoLA reads a hybrid trained with another rule."""
+
+
+def has_sparse_cache(config: LoLAConfig) -> bool:
+    """Whether ``config`` keeps a sparse cache: in its base sizes (the layers it does not override)
+    or in a layer override (per-head sizes replace ``sparse_size``, as in the layers)."""
+
+    def keeps(cfg: LoLAConfig) -> bool:
+        return any(x > 0 for x in cfg.sparse_size_per_head) if cfg.sparse_size_per_head is not None else cfg.sparse_size > 0
+
+    return keeps(config) or any(keeps(config.for_layer(i)) for i in config.layer_overrides)
+
+
+def default_mixing(config: LoLAConfig, trained_mixing: str | None) -> str:
+    """The rule ``config`` runs with when it leaves ``mixing`` unset.
+
+    Args:
+        config: the config (its own ``mixing`` is not read).
+        trained_mixing: the rule the loaded feature maps were trained with, or ``None`` (no
+            trained maps).
+    """
+    if trained_mixing is None:
+        return LoLAConfig.model_fields["mixing"].default
+    return PAPER_MIXING if has_sparse_cache(config) else trained_mixing
+
+
+def resolve_mixing(config: LoLAConfig, trained_mixing: str | None) -> LoLAConfig:
+    """``config`` with its mixing rule decided by :func:`default_mixing` when the caller left it
+    unset (a rule set explicitly is kept)."""
+    if "mixing" in config.model_fields_set:
+        return config
+    return config.model_copy(update={"mixing": default_mixing(config, trained_mixing)})
+
+
+def resolve_config(config: LoLAConfig | Mapping[str, Any] | None, trained_mixing: str | None = None) -> LoLAConfig:
+    """A :class:`~lola.LoLAConfig` from a config, a mapping of its fields (e.g. the ``lola``
+    entry of a model's ``config.json``) or ``None`` (the defaults), with its mixing rule
+    resolved as everywhere else in lola."""
+    if config is None:
+        config = LoLAConfig()
+    elif not isinstance(config, LoLAConfig):
+        if not isinstance(config, Mapping):
+            raise TypeError(f"config must be a LoLAConfig, a mapping of its fields or None, got {type(config).__name__}")
+        config = LoLAConfig(**config)
+    return resolve_mixing(config, trained_mixing)

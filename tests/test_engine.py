@@ -179,19 +179,23 @@ def test_decode_under_autograd_has_the_gradients_of_one_call():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_decode_writes_in_place_between_steps():
+@pytest.mark.parametrize("sparse", [{"sparse_size": 4}, {"sparse_size_per_head": [6, 0]}], ids=["uniform", "per-head budgets"])
+def test_decode_writes_in_place_between_steps(sparse):
     """Between two steps a decode token allocates nothing: the window's ring storage (and the
-    block of exact slots it is a view into) keeps its memory."""
-    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8)
+    block of exact slots it is a view into) keeps its memory, with uniform and with ragged
+    per-head sparse budgets (whose padded view must not be rebuilt per read)."""
+    cfg = lola.LoLAConfig(window=8, sinks=2, chunk=8, **sparse)
     attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
     q, k, v = _inputs(2, 30, 4, 2, 16)
     with torch.inference_mode():
         _, state = attn(q[:, :17], k[:, :17], v[:, :17])
         attn(q[:, 17:18], k[:, 17:18], v[:, 17:18], state=state)  # builds the block
         storage = state.window.block.k.untyped_storage().data_ptr()
+        block = state._exact_slots()
         for i in range(18, 23):  # the next step falls on position 23
             attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
             assert state.window.block.k.untyped_storage().data_ptr() == storage
+            assert state._exact_slots() is block
         held = sorted(int(p) for p in state.window.block.pos[0, 0] if p >= 0)
         assert held == list(range(23 - 8 - 7, 23))  # 8 kept at the step on 15, then 16..22
 

@@ -35,6 +35,7 @@ class SparseCache(ExactStore):
             raise ValueError(f"sparse cache size must be >= 0 (or a non-empty list of such), got {size}")
         self.head_sizes = sizes if isinstance(size, (list, tuple)) else None
         self._flat: KVBlock | None = None  # ragged storage: [B, 1, Σ λ_h, ·]
+        self._view: tuple[KVBlock, KVBlock] | None = None  # (the _flat it unpacks, the padded view)
         super().__init__(max(sizes))
 
     def __repr__(self) -> str:
@@ -43,14 +44,19 @@ class SparseCache(ExactStore):
     # -- ragged storage (per-head sizes) ---------------------------------------------------------
     # With per-head sizes, ``block`` is a property: setting it packs head h's first λ_h slots
     # (``select`` fills a head's slots from the left, so nothing valid is dropped) into the flat
-    # run; reading it unpacks them into a padded view.
+    # run; reading it unpacks them into a padded view, built once per new run: the flat run is
+    # only ever replaced, never written in place, so between two steps every read returns the
+    # same view (and the composer's block of exact slots, which checks its sources by identity,
+    # is reused while decoding instead of being rebuilt per token).
     @property
     def block(self) -> KVBlock | None:  # type: ignore[override]
         if self.head_sizes is None:
             return self._padded
         if self._flat is None:
             return None
-        return self._unpack(self._flat)
+        if self._view is None or self._view[0] is not self._flat:
+            self._view = (self._flat, self._unpack(self._flat))
+        return self._view[1]
 
     @block.setter
     def block(self, value: KVBlock | None) -> None:

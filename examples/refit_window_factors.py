@@ -127,7 +127,9 @@ def main() -> None:
         "w_after_per_layer": {i: torch.sigmoid(f.detach().flatten()).tolist() for i, f in zip(students, factors)},
     }
     (out / "refit_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"w: mean {report['w']['before_mean']:.3f} -> {report['w']['after_mean']:.3f} (min {report['w']['after_min']:.3f}, max {report['w']['after_max']:.3f})")
+    print(
+        f"w: mean {report['w']['before_mean']:.3f} -> {report['w']['after_mean']:.3f} (min {report['w']['after_min']:.3f}, max {report['w']['after_max']:.3f})"
+    )
     print(f"wrote {out}")
 
 

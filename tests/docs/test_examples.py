@@ -1,0 +1,58 @@
+"""The research scripts under examples/ that results.md quotes still run (on a tiny model)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lola.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def tiny_maps(tmp_path_factory):
+    out = tmp_path_factory.mktemp("maps") / "maps"
+    assert main(["linearize", "--quick", "--out", str(out)]) == 0  # tiny-random-llama, both stages
+    return out
+
+
+def run(script: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_refit_window_factors_writes_a_folder_lola_reads(tiny_maps, tmp_path):
+    from lola.linearize.folder import read_feature_maps
+
+    out = tmp_path / "refit"
+    small = ["--model", "tiny-random-llama", "--chunk-tokens", "128", "--train-chunks", "2", "--eval-chunks", "1", "--epochs", "1"]
+    run("refit_window_factors.py", "--feature-maps", str(tiny_maps), "--out", str(out), "--window", "8", "--sparse-size", "8", "--sinks", "1", *small)
+    before, after = read_feature_maps(tiny_maps), read_feature_maps(out)
+    assert set(after.tensors) == set(before.tensors) and after.lora is not None
+    keys = [k for k in before.tensors if k.endswith("window_factors")]
+    assert any(not torch.equal(before.tensors[k], after.tensors[k]) for k in keys)  # the factors moved
+    assert all(torch.equal(before.tensors[k], after.tensors[k]) for k in before.tensors if k not in keys)  # nothing else did
+    report = json.loads((out / "refit_report.json").read_text())
+    assert set(report["mse_heldout_mean"]) == {"before", "after"} and len(report["train_loss"]) == 2
+    with pytest.raises(AssertionError, match="exists"):
+        run("refit_window_factors.py", "--feature-maps", str(tiny_maps), "--out", str(out), *small)  # never overwrites
+
+
+def test_linear_share_plot_draws_the_perplexity_results(tiny_maps, tmp_path):
+    results = tmp_path / "ppl.json"
+    args = ["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--length", "64", "--windows", "1", "--generate", "0"]
+    assert main([*args, "--window", "8", "--sparse-size", "4", "--text", "pydoc", "--out", str(results)]) == 0
+    figure = tmp_path / "share.png"
+    assert "wrote" in run("linear_share_plot.py", str(results), "--out", str(figure))
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text("{}")
+    with pytest.raises(AssertionError, match="not written by lola perplexity"):
+        run("linear_share_plot.py", str(foreign), "--out", str(figure))

@@ -108,7 +108,8 @@ def _niah(args: argparse.Namespace) -> int:
     print("\ntokens/s: " + ", ".join(f"{m} {sum(v) / len(v):.0f}" for m, v in speed.items()))
     from lola.outputs import read_json
 
-    ran = read_json(Path(out) / "results.json", "a lola niah results file").get("methods", {})  # the configs after trained maps filled them in
+    written = Path(out) / "results.json"  # run_niah writes it with the configs after trained maps filled them in
+    ran = read_json(written, "a lola niah results file").get("methods", {}) if written.is_file() else {}
     rules = {m: c["mixing"] for m, c in ran.items() if isinstance(c, dict) and "mixing" in c}
     if rules:
         print("mixing rules: " + ", ".join(f"{m} {rule}" for m, rule in rules.items()))

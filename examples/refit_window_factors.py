@@ -54,9 +54,9 @@ def main() -> None:
     from lola.config import LoLAConfig
     from lola.data import encode, load_split, token_chunks
     from lola.integrations.transformers import apply_lola
-    from lola.linearize.folder import read_feature_maps, write_feature_maps
-    from lola.linearize.lora import merge_lora, restore_weights
     from lola.linearize.teacher import collect_activations
+    from lola.pretrained.folder import read_feature_maps, write_feature_maps
+    from lola.pretrained.lora import merge_lora, restore_weights
 
     torch.manual_seed(args.seed)
     model, tok = models.load(args.model)

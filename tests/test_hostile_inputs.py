@@ -24,6 +24,7 @@ from pydantic import ValidationError
 import lola
 from lola.cli import main
 from lola.config import MAX_TOKENS
+from tests.hostile.common import refused, snapshot
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,11 +33,6 @@ transformers = pytest.importorskip("transformers")
 def _in_tmp_path(tmp_path, monkeypatch):
     """Run every test in its own folder: a default output path (``results/…``) lands there."""
     monkeypatch.chdir(tmp_path)
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` with its bytes (to prove nothing was written over)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,7 +309,7 @@ F = 8  # Hedgehog projection size of the hand-made maps
 @pytest.fixture(scope="module")
 def maps_folder(tmp_path_factory, shared_llama):
     """A valid feature-map folder for the tiny random Llama (random maps; no training)."""
-    from lola.linearize.folder import model_geometry, write_feature_maps
+    from lola.pretrained.folder import model_geometry, write_feature_maps
 
     geometry = model_geometry(shared_llama)
     g = torch.Generator().manual_seed(0)
@@ -345,8 +341,20 @@ def _edit_tensors(change):
         tensors = load_file(str(path))
         change(tensors)
         save_file(tensors, str(path))
+        _rehash(folder)
 
     return edit
+
+
+def _rehash(folder: Path) -> None:
+    """Record the edited files' sums in the description, as a deliberate edit would: the
+    content checks must catch what the sums no longer can."""
+    import hashlib
+
+    path = folder / "lola_config.json"
+    meta = json.loads(path.read_text())
+    meta["files"] = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in meta.get("files", {})}
+    path.write_text(json.dumps(meta))
 
 
 def _edit_description(change):
@@ -367,12 +375,19 @@ def _cut(name, keep=0.5):
     def edit(folder: Path) -> None:
         data = (folder / name).read_bytes()
         (folder / name).write_bytes(data[: int(len(data) * keep)])
+        if name != "lola_config.json":
+            _rehash(folder)
 
     return edit
 
 
 def _replace(name, data: bytes):
-    return lambda folder: (folder / name).write_bytes(data)
+    def edit(folder: Path) -> None:
+        (folder / name).write_bytes(data)
+        if name != "lola_config.json":
+            _rehash(folder)
+
+    return edit
 
 
 BAD_FOLDERS = [
@@ -448,16 +463,6 @@ def no_model(monkeypatch):
         raise AssertionError("the model was loaded before the bad input was refused")
 
     monkeypatch.setattr("lola.models.load", refuse)
-
-
-def refused(capsys, argv: list[str], *fragments: str) -> str:
-    """Run ``lola ARGV``: exit status 2 and exactly one stderr line holding every fragment."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"lola {argv[0]}: error: ") and err.count("\n") == 1, err
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
-    return err
 
 
 NIAH = ["niah", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "2", "--methods", "full", "--max-new-tokens", "1"]

@@ -4,9 +4,16 @@ Every module under ``src/lola`` is parsed with :mod:`ast`; each ``import lola…
 ``from lola… import …`` is an edge of the package's import graph, including imports inside
 functions (a lazy import defers a cycle, it does not remove it) and excluding those under
 ``if TYPE_CHECKING:`` (never executed). ``from X import name`` is an edge to ``X.name`` when that
-is a module, else to ``X``; relative imports are resolved; no implicit edges to parent packages
-are added. A strongly connected component of more than one module (or a module importing
-itself) is a cycle, and the test names one path through each.
+is a module, else to ``X``; relative imports are resolved. Importing ``lola.a.b`` first runs
+``lola.a``'s ``__init__``, so the edge goes to every package above the target too (but the root
+``lola`` and the packages that hold the importing module itself, which are already running). A
+strongly connected component of more than one module (or a module importing itself) is a cycle,
+and the test names one path through each.
+
+Above modules, the layers: collapsing every module to its subpackage (``lola.linearize``,
+``lola.pretrained``, ``lola.integrations.transformers``, …) must leave a graph without cycles,
+so that no layer imports one that imports it back (the loading layer below inference and
+training, inference never reaching into training).
 """
 
 from __future__ import annotations
@@ -71,7 +78,40 @@ def import_edges(name: str, path: Path, modules: Mapping[str, Path], top: str = 
                     target = target.rsplit(".", 1)[0]
                 if target in modules:
                     edges.add(target)
+                    edges.update(_outer_packages(target, name, modules, top))
     return edges
+
+
+def _outer_packages(target: str, importer: str, modules: Mapping[str, Path], top: str) -> set[str]:
+    """The packages that importing ``target`` initialises first, except the root and those that
+    hold ``importer`` (already being initialised when it runs)."""
+    parts = target.split(".")
+    own = importer.split(".")
+    outer = set()
+    for depth in range(2, len(parts)):
+        package = ".".join(parts[:depth])
+        if package in modules and own[:depth] != parts[:depth]:
+            outer.add(package)
+    return outer
+
+
+def layer_of(module: str, top: str = "lola") -> str:
+    """The subpackage (layer) a module belongs to: ``lola.x`` for ``lola.x…``, and
+    ``lola.integrations.y`` for the integrations, each its own layer."""
+    parts = module.split(".")
+    depth = 3 if len(parts) > 2 and parts[1] == "integrations" else 2
+    return ".".join(parts[:depth])
+
+
+def layer_graph(graph: Mapping[str, Iterable[str]], top: str = "lola") -> dict[str, set[str]]:
+    """``graph`` collapsed to layers (the root package left out: it re-exports everything)."""
+    layers: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        if source == top:
+            continue
+        edges = layers.setdefault(layer_of(source, top), set())
+        edges.update(layer_of(t, top) for t in targets if t != top and layer_of(t, top) != layer_of(source, top))
+    return layers
 
 
 def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
@@ -186,10 +226,54 @@ def test_edges_follow_the_rules(tmp_path: Path) -> None:
         "pkg.sub": {"pkg.sub.mod", "pkg.sub.other"},
         "pkg.sub.other": {"pkg.a", "pkg.b", "pkg.sub.mod"},
         "pkg.sub.mod": {"pkg.a"},
-        "pkg.a": {"pkg.sub.mod"},
+        "pkg.a": {"pkg.sub", "pkg.sub.mod"},  # importing pkg.sub.mod runs pkg.sub's __init__ first
         "pkg.b": set(),
     }
-    assert cycles(graph) == ["2 modules (pkg.a, pkg.sub.mod):\n    pkg.a -> pkg.sub.mod -> pkg.a"]
+    assert cycles(graph) == [
+        "4 modules (pkg.a, pkg.sub, pkg.sub.mod, pkg.sub.other):\n    pkg.a -> pkg.sub -> pkg.sub.mod -> pkg.a\n    pkg.a -> pkg.sub.mod -> pkg.a"
+    ]
+
+
+def test_importing_a_submodule_initialises_its_packages(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "a" / "deep").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("from pkg.a.inner import x\n")
+    (pkg / "a" / "inner.py").write_text("from pkg.a.deep.leaf import y\n")
+    (pkg / "a" / "deep" / "__init__.py").write_text("")
+    (pkg / "a" / "deep" / "leaf.py").write_text("")
+    (pkg / "b.py").write_text("import pkg.a.deep.leaf\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.b"] == {"pkg.a", "pkg.a.deep", "pkg.a.deep.leaf"}  # pkg.a's __init__ runs first
+    assert graph["pkg.a.inner"] == {"pkg.a.deep", "pkg.a.deep.leaf"}  # not its own package
+    assert cycles(graph) == []
+
+
+def test_layers_collapse_and_their_cycles_are_found() -> None:
+    graph = {
+        "lola": {"lola.x"},
+        "lola.x.a": {"lola.y.b", "lola.x.c"},
+        "lola.x.c": set(),
+        "lola.y.b": {"lola.integrations.t.m"},
+        "lola.integrations.t.m": {"lola.x.c"},
+    }
+    layers = layer_graph(graph)
+    assert layers == {"lola.x": {"lola.y"}, "lola.y": {"lola.integrations.t"}, "lola.integrations.t": {"lola.x"}}
+    assert cycles(layers) == ["3 modules (lola.integrations.t, lola.x, lola.y):\n    lola.integrations.t -> lola.x -> lola.y -> lola.integrations.t"]
+
+
+def test_lola_layers_have_no_cycles() -> None:
+    layers = layer_graph(import_graph())
+    assert "lola.pretrained" in layers["lola.integrations.transformers"]
+    found = cycles(layers)
+    assert not found, "import cycles between lola's layers:\n" + "\n".join(found)
+
+
+def test_the_loading_layer_sits_below_inference_and_training() -> None:
+    layers = layer_graph(import_graph())
+    assert "lola.pretrained" in layers["lola.linearize"]  # training writes through it
+    for layer in ("lola.pretrained", "lola.integrations.transformers", "lola.eval", "lola.models", "lola.integrations.lm_eval"):
+        assert "lola.linearize" not in layers[layer], f"{layer} imports training code"
 
 
 def test_lola_has_no_import_cycles() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -88,7 +89,7 @@ def _niah(args: argparse.Namespace) -> int:
     out = args.out or f"results/niah-{run.task}"
     check_out_folder(out, run)  # unwritable, foreign, another run's or damaged: refused before loading
     if run.feature_maps is not None:
-        from lola.linearize.folder import read_feature_maps
+        from lola.pretrained.folder import read_feature_maps
 
         read_feature_maps(run.feature_maps)  # a damaged folder is named before the model loads
     from lola import models
@@ -122,9 +123,9 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any) -> None:
     ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run."""
     from lola.linearize.checkpoint import load_checkpoint
     from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
-    from lola.linearize.folder import CONFIG_FILE, FORMAT
     from lola.linearize.transfer import CHECKPOINT_FILE
     from lola.outputs import check_output_folder, read_json
+    from lola.pretrained.folder import CONFIG_FILE, FORMAT, GROUP_FILES, folder_is_ours
 
     check_output_folder(out)
     description = out / CONFIG_FILE
@@ -132,6 +133,9 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any) -> None:
         data = read_json(description, "a lola feature-map description")
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{description} was not written by lola linearize (format {FORMAT!r}); move it away or use another --out")
+    elif not folder_is_ours(out):
+        found = next(out / n for n in GROUP_FILES if (out / n).exists() or (out / n).is_symlink())
+        raise ValueError(f"{found} was not written by lola linearize (no {CONFIG_FILE} beside it); move it away or use another --out")
     stage2_ckpt = out / FINETUNE_CHECKPOINT_FILE
     if cfg2 is not None and stage2_ckpt.is_file():
         load_checkpoint(stage2_ckpt, cfg2, "--stage2-steps")
@@ -183,13 +187,18 @@ def _linearize(args: argparse.Namespace) -> int:
         opts1 = {**quick, "steps": 6, "chunk_tokens": 128, "train_chunks": 3, "window": 16, "checkpoint_every": 3, **opts1}
         opts2 = {**quick, "steps": 4, "seq_len": 128, "warmup_steps": 1, "checkpoint_every": 2, **opts2}
     model_name = model_name or "smollm2-135m-instruct"
+    from pydantic import ValidationError
+
     cfg1 = LinearizeConfig(**opts1) if args.stage in ("1", "all") else None
-    cfg2 = FinetuneConfig(**opts2) if args.stage in ("2", "all") else None
+    try:
+        cfg2 = FinetuneConfig(**opts2) if args.stage in ("2", "all") else None
+    except ValidationError as err:  # stage 2's fields by their options: its `lr` is --lora-lr
+        raise ValueError(_describe_validation(err, {f: a for a, f in stage2.items()})) from None
     out = Path(args.out)
     _check_linearize_out(out, cfg1, cfg2)
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
-        from lola.linearize.folder import CONFIG_FILE, read_feature_maps
-        from lola.linearize.shipped import SHIPPED
+        from lola.pretrained.folder import CONFIG_FILE, read_feature_maps
+        from lola.pretrained.shipped import SHIPPED
 
         maps = args.feature_maps or args.out
         if maps not in SHIPPED and not (Path(maps) / CONFIG_FILE).is_file():
@@ -246,7 +255,7 @@ def _perplexity(args: argparse.Namespace) -> int:
     )
     run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
     if run.feature_maps is not None:
-        from lola.linearize.folder import read_feature_maps
+        from lola.pretrained.folder import read_feature_maps
 
         read_feature_maps(run.feature_maps)
     if args.out:
@@ -264,24 +273,13 @@ def _perplexity(args: argparse.Namespace) -> int:
     )
     print(format_perplexity(results))
     if args.out:
+        from lola.outputs import write_files
+
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps({"format": PERPLEXITY_FORMAT, "run": run.model_dump(), "results": results}, indent=2) + "\n")
-        tmp.replace(out)
+        body = json.dumps({"format": PERPLEXITY_FORMAT, "run": run.model_dump(), "results": results}, indent=2) + "\n"
+        write_files(out.parent, {out.name: body}, ours=_is_perplexity_results, writer="lola perplexity")
         print(f"\nresults: {args.out}")
     return 0
-
-
-def _is_budgets(path: Path) -> bool:
-    """Whether ``path`` holds budgets (``lola calibrate`` output, which it may replace)."""
-    from lola import budgets
-
-    try:
-        budgets.load(path)
-    except (ValueError, OSError):
-        return False
-    return True
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -290,7 +288,11 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     for name in ("length", "prompts"):
         _check_int(f"--{name}", getattr(args, name), 1)
-    out = check_output_file(args.out, ours=_is_budgets, writer="lola calibrate")
+    if not math.isfinite(args.power) or args.power < 0:
+        raise ValueError(f"--power must be a finite number >= 0, got {args.power}")
+    from lola.budgets import is_budgets_file
+
+    out = check_output_file(args.out, ours=is_budgets_file, writer="lola calibrate")
     from lola import models
 
     model, tok = models.load(args.model)
@@ -306,7 +308,6 @@ def _calibrate(args: argparse.Namespace) -> int:
         floor=args.floor,
         seed=args.seed,
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
     budgets.save(out)
     print(budgets.summary())
     print(f"\nbudgets: {out} (use with `lola niah --budgets {out}` or lola.budgets.load)")
@@ -346,8 +347,10 @@ def _read_config(path: str) -> dict:
     return data
 
 
-def _describe_validation(err: Any) -> str:
-    """A pydantic ``ValidationError`` on one line, fields named as command-line options."""
+def _describe_validation(err: Any, options: dict[str, str] | None = None) -> str:
+    """A pydantic ``ValidationError`` on one line, fields named as command-line options
+    (``options``: field → option destination, where the two differ, e.g. stage 2's ``lr`` is
+    ``--lora-lr``)."""
     from pydantic import ValidationError
 
     from lola.config import validation_summary
@@ -355,6 +358,8 @@ def _describe_validation(err: Any) -> str:
     parts = []
     for e in err.errors():
         loc = [str(x) for x in e["loc"]]
+        if loc and options:
+            loc[0] = options.get(loc[0], loc[0])
         option = f"--{loc[0].replace('_', '-')}" + "".join(f"[{x}]" for x in loc[1:]) if loc else ""
         if e["type"] == "extra_forbidden":
             parts.append(f"unknown option {loc[-1]!r}")

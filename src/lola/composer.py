@@ -29,7 +29,7 @@ from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.schedules import UpdateSchedule
 
-__all__ = ["LoLAMemory"]
+__all__ = ["LoLAMemory", "check_state"]
 
 FeatureFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -157,8 +157,27 @@ class LoLAMemory:
     # -- allocation and persistence ------------------------------------------------------------
     def allocate(self, batch: int, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Allocate empty storage: exact memories ``[batch, storage_heads, ·, head_dim]`` in ``dtype``,
-        the linear state ``[batch, num_heads, feature_dim, head_dim]`` in float32."""
+        the linear state ``[batch, num_heads, feature_dim, head_dim]`` in float32.
+
+        Raises:
+            MemoryError: the storage would not fit in the memory the device has free (the
+                message names the sizes it comes from); nothing is allocated then.
+        """
+        from lola.memory.allocation import check_allocation
+
         track = bool(getattr(self.policy, "needs_attention", False))
+        slots = {m.name: m.capacity for m in self.exact_memories}
+        element = torch.empty((), dtype=dtype).element_size()
+        per_slot = 2 * head_dim * element + 8 + (4 if track else 0)  # k, v, position, attention
+        linear = num_heads * (feature_dim + 1) * head_dim * 4 + (num_heads * (1 + head_dim + head_dim * head_dim) * 4 if self.queries is not None else 0)
+        need = batch * (storage_heads * sum(slots.values()) * per_slot + linear)
+        sizes = " + ".join(f"{name} {n}" for name, n in slots.items())
+        check_allocation(
+            need,
+            device,
+            f"one layer's LoLA state ({sizes} slots × {storage_heads} K/V heads × head_dim {head_dim} in {dtype}, "
+            f"a {feature_dim}×{head_dim} linear state per head, batch {batch})",
+        )
         for m in self.exact_memories:
             m.allocate(batch, storage_heads, head_dim, dtype, device, track)
         self.linear.allocate(batch, num_heads, feature_dim, head_dim, device)
@@ -176,11 +195,21 @@ class LoLAMemory:
             out.update({f"{m.name}.{k}": t for k, t in m.state_dict().items()})
         return out
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor], check: bool = True) -> None:
         """Restore what :meth:`state_dict` saved (copies; every held token bit-exact, empty slots
-        zeroed)."""
+        zeroed).
+
+        With ``check`` (the default; rows reordered from this very state skip it) the state
+        must hold what a run could have written: finite values, ``seen >= 0``, and per row and
+        storage head stored positions ``< seen`` that no two exact slots share.
+
+        Raises:
+            ValueError: naming the tensor and what is wrong.
+        """
         if "seen" not in state:
             raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
+        if check:
+            check_state(state)
         known = {"seen"}
         for m in self._stateful():
             part = {k.split(".", 1)[1]: t for k, t in state.items() if k.startswith(m.name + ".")}
@@ -201,7 +230,7 @@ class LoLAMemory:
         beam reordering, dropping finished sequences, or growing a batch."""
         self._require_allocated()
         index = index.to(self._seen.device)
-        self.load_state_dict({k: t.index_select(0, index) for k, t in self.state_dict().items()})
+        self.load_state_dict({k: t.index_select(0, index) for k, t in self.state_dict().items()}, check=False)
 
     def write_rows(self, index: torch.Tensor, other: "LoLAMemory") -> None:
         """Copy every row of ``other`` into rows ``index [B_other]`` of this state.
@@ -219,7 +248,7 @@ class LoLAMemory:
         index = index.to(self._seen.device)
         if index.shape != (other.batch_size,):
             raise ValueError(f"index must give one row per row of other ({other.batch_size}), got shape {tuple(index.shape)}")
-        self.load_state_dict({k: t.index_copy(0, index, theirs[k].to(t.device)) for k, t in ours.items()})
+        self.load_state_dict({k: t.index_copy(0, index, theirs[k].to(t.device)) for k, t in ours.items()}, check=False)
 
     def _require_allocated(self) -> None:
         if self._seen is None:
@@ -550,3 +579,42 @@ def _scatter_into(out_e: SoftmaxPartial, out_l: LinearPartial, e: SoftmaxPartial
     for dst, src in ((out_e.num, e.num), (out_e.den, e.den), (out_e.max, e.max), (out_l.num, l.num), (out_l.den, l.den)):
         full = idx.view(idx.shape[0], 1, idx.shape[1], *([1] * (dst.dim() - 3))).expand_as(src)
         dst.scatter_(2, full, src)
+
+
+def check_state(state: dict[str, torch.Tensor]) -> None:
+    """Refuse a state dict no run could have written (see :meth:`LoLAMemory.load_state_dict`):
+    non-finite values, a negative ``seen``, a stored position at or beyond its row's ``seen``,
+    or one position in two exact slots of a row and storage head.
+
+    Raises:
+        ValueError: naming the tensor and what is wrong.
+    """
+    for key, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"state[{key!r}] must be a tensor, got {type(t).__name__}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"state[{key!r}] holds non-finite values (inf or NaN)")
+    seen = state["seen"]
+    if seen.is_floating_point() or seen.dim() != 1:
+        raise ValueError(f"state['seen'] must be a 1-D integer tensor, got {seen.dtype} {tuple(seen.shape)}")
+    if bool((seen < 0).any()):
+        raise ValueError("state['seen'] holds negative counts")
+    positions = [(k, t) for k, t in state.items() if k.endswith(".pos")]
+    if not positions:
+        return
+    for key, pos in positions:
+        if pos.is_floating_point() or pos.dim() != 3 or pos.shape[0] != seen.shape[0]:
+            raise ValueError(f"state[{key!r}] must be [batch {seen.shape[0]}, heads, slots] integers, got {pos.dtype} {tuple(pos.shape)}")
+        if bool((pos >= seen.view(-1, 1, 1)).any()):
+            raise ValueError(f"state[{key!r}] holds a position at or beyond its row's 'seen' count")
+    # Memories with the same storage heads are compared together (per-head sparse sizes may
+    # store a memory per query head while the others store per K/V head).
+    by_heads: dict[int, list[tuple[str, torch.Tensor]]] = {}
+    for key, pos in positions:
+        by_heads.setdefault(pos.shape[1], []).append((key, pos))
+    for group in by_heads.values():
+        every = torch.cat([pos for _, pos in group], dim=2)  # [B, Hs, all slots], -1 = empty
+        ordered = every.sort(dim=2).values
+        repeated = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
+        if bool(repeated.any()):
+            raise ValueError(f"a position is held twice in one row and storage head ({', '.join(k for k, _ in group)}): the state is damaged")

@@ -8,19 +8,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, field_validator, model_validator
 
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, FEATURE_MAPS
+from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_TOKENS
 
 __all__ = ["LoLAConfig", "MAX_FEATURE_DIM", "MAX_HEADS", "MAX_TOKENS"]
 
 _MODEL_LEVEL_FIELDS = {"layer_overrides", "full_attention_layers"}
-
-MAX_TOKENS = 2**24
-"""Most tokens one memory (window, sparse cache, sinks) or one chunk may hold: 16.7 M, far
-beyond any context a LoLA layer is meant to compress (a typo such as ``window=10**12`` would
-otherwise only fail when the storage is allocated)."""
-MAX_FEATURE_DIM = 2**14
-"""Largest Hedgehog projection size ``f`` (the linear state holds ``2f × D`` floats per head)."""
-MAX_HEADS = 2**16
-"""Most entries of a per-head size list."""
 
 
 def _layer_index(value: Any) -> Any:
@@ -91,7 +83,7 @@ class LoLAConfig(BaseModel):
             :func:`lola.integrations.transformers.apply_lola`.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     window: Tokens = 64
     sparse_size: Tokens = 64

@@ -33,6 +33,8 @@ __all__ = [
     "load_documents",
     "load_split",
     "load_text",
+    "read_text_file",
+    "source_digest",
     "split_text",
     "token_chunks",
 ]
@@ -60,7 +62,10 @@ def _default_source() -> str:
     return default_corpus()
 
 
-def _read_file(path: Path) -> str:
+def read_text_file(path: str | Path) -> str:
+    """A UTF-8 text file's content; a binary file (NUL bytes) or one that is not UTF-8 (more than
+    1% undecodable bytes) is a ``ValueError`` naming it, never text with replacement characters."""
+    path = Path(path)
     raw = path.read_bytes()
     if b"\x00" in raw[:65536]:
         raise ValueError(f"text file {str(path)!r} looks binary (it holds NUL bytes); give UTF-8 text")
@@ -94,15 +99,37 @@ def load_documents(source: TextSource = None) -> list[tuple[str, str]]:
         files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES)
         if not files:
             raise ValueError(f"text folder {str(p)!r} holds no {'/'.join(TEXT_SUFFIXES)} files")
-        docs = [(str(f), _read_file(f)) for f in files]
+        docs = [(str(f), read_text_file(f)) for f in files]
     elif p.is_file():
-        docs = [(str(p), _read_file(p))]
+        docs = [(str(p), read_text_file(p))]
     else:
         raise FileNotFoundError(f"text {str(p)!r} is neither a file, a folder, nor a registered corpus ({', '.join(sorted(CORPORA))})")
     for name, text in docs:
         if not text.strip():
             raise ValueError(f"text file {name!r} is empty")
     return docs
+
+
+def source_digest(source: TextSource = None) -> str:
+    """A fingerprint of the text a source stands for: the content of its files and folders (not
+    their paths), and the names of registered corpora (whose files are sha256-checked when
+    fetched). A resumed training run compares it with the one its checkpoint recorded.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+    """
+    import hashlib
+
+    from lola.checksums import content_digest
+    from lola.corpora import CORPORA
+
+    def part(s: str | Path | None) -> str:
+        if s is None or s == DEFAULT_TEXT or (isinstance(s, str) and s in CORPORA):
+            return f"corpus:{s or DEFAULT_TEXT}"
+        return f"content:{content_digest(Path(s).expanduser())}"
+
+    parts = [part(source)] if source is None or isinstance(source, (str, Path)) else [part(s) for s in source]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def load_text(source: TextSource = None) -> str:

@@ -115,7 +115,7 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
         device: where to put the model (``None`` = CPU).
         linearized: a registered name only: return the linearized model, i.e. LoLA applied with
             the feature maps and LoRA adapters shipped with lola for it
-            (:mod:`lola.linearize.shipped`); generate with ``cache=LoLACache(model)``.
+            (:mod:`lola.pretrained.shipped`); generate with ``cache=LoLACache(model)``.
         lola_config: with ``linearized``, the :class:`lola.LoLAConfig` to apply (default
             ``LoLAConfig()``: window 64, sparse cache 64, 4 sinks, the paper's ``lola_authors`` mixing rule: see :mod:`lola.resolve`); the
             bare hybrid is ``LoLAConfig(sparse_size=0, sinks=0, schedule="tokenwise")``.
@@ -124,7 +124,7 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
         The ``AutoModelForCausalLM`` in eval mode and its tokenizer.
     """
     if linearized:
-        from lola.linearize.shipped import SHIPPED
+        from lola.pretrained.shipped import SHIPPED
 
         names = [n for n, s in SHIPPED.items() if s.model == str(name_or_path)]
         if not names:

@@ -12,7 +12,7 @@ A LoLA config may leave ``mixing`` unset. Without trained maps it is ``LoLAConfi
 - **The hybrid** (no sparse cache): the rule the maps were trained with, i.e. the hybrid as it
   was trained.
 
-A rule the caller sets is always kept. :meth:`lola.linearize.folder.FeatureMaps.merge_into` calls
+A rule the caller sets is always kept. :meth:`lola.pretrained.folder.FeatureMaps.merge_into` calls
 :func:`resolve_mixing`, so ``apply_lola(..., feature_maps=…)``, ``lola.models.load(...,
 linearized=True)``, ``lola niah``, ``lola perplexity``, the lm-eval model and the vLLM plug-in
 (:func:`resolve_config`) all share it.

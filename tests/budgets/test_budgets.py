@@ -82,7 +82,7 @@ def test_budgets_leave_unset_fields_unset_so_trained_maps_can_fill_them_in():
     """Regression: applying budgets used to mark every field as set, so trained feature maps
     could no longer bring their fields nor have the mixing rule decided (lola niah --feature-maps
     ran softmax_only)."""
-    from lola.linearize.folder import FeatureMaps
+    from lola.pretrained.folder import FeatureMaps
 
     b = HeadBudgets(sparse_size_per_head=[[10, 0], [4, 6]], uniform_sparse_size=5, scores=[[1, 0], [0.4, 0.6]], power=1.0)
     cfg = b.apply(lola.LoLAConfig(sparse_size=5, window=8))

@@ -29,7 +29,7 @@ def run(script: str, *args: str) -> str:
 
 
 def test_refit_window_factors_writes_a_folder_lola_reads(tiny_maps, tmp_path):
-    from lola.linearize.folder import read_feature_maps
+    from lola.pretrained.folder import read_feature_maps
 
     out = tmp_path / "refit"
     small = ["--model", "tiny-random-llama", "--chunk-tokens", "128", "--train-chunks", "2", "--eval-chunks", "1", "--epochs", "1"]

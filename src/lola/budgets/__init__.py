@@ -17,6 +17,7 @@ its exact-token bytes never exceed the uniform budget's.
 from __future__ import annotations
 
 import json
+import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lola.config import LoLAConfig
 
-__all__ = ["HeadBudgets", "allocate", "available", "load"]
+__all__ = ["HeadBudgets", "allocate", "available", "is_budgets_file", "load"]
 
 
 def allocate(scores: torch.Tensor, per_head: int, power: float = 0.5, floor: int = 0, cap: int | None = None) -> torch.Tensor:
@@ -48,6 +49,8 @@ def allocate(scores: torch.Tensor, per_head: int, power: float = 0.5, floor: int
         raise ValueError(f"scores must be a non-empty [layers, kv_heads] tensor, got {getattr(scores, 'shape', type(scores).__name__)}")
     if not bool(torch.isfinite(scores).all()) or bool((scores < 0).any()):
         raise ValueError("scores must be finite and >= 0")
+    if isinstance(power, bool) or not isinstance(power, (int, float)) or not math.isfinite(power) or power < 0:
+        raise ValueError(f"power must be a finite number >= 0, got {power!r}")
     if per_head < 0 or floor < 0:
         raise ValueError(f"per_head and floor must be >= 0, got {per_head} and {floor}")
     if floor > per_head:
@@ -93,7 +96,7 @@ class HeadBudgets(BaseModel):
         source: how the scores were measured (command, prompts, lengths, versions).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     sparse_size_per_head: list[list[int]] = Field(min_length=1)
     uniform_sparse_size: int = Field(ge=0)
@@ -169,11 +172,28 @@ class HeadBudgets(BaseModel):
         return "\n".join(lines)
 
     def save(self, path: str | Path) -> None:
-        """Write the budgets as JSON (one line per layer)."""
+        """Write the budgets as JSON (one line per layer), atomically; an existing file is
+        replaced only if it holds budgets (:func:`lola.outputs.write_files`).
+
+        Raises:
+            ValueError: ``path`` is a link or an existing file that is not budgets (named).
+        """
+        from lola.outputs import write_files
+
         text = self.model_dump_json(indent=1)
         # Lists of numbers on one line each: a layer's heads read across.
         text = re.sub(r"\[\s+([-\d.,eE+\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
-        Path(path).write_text(text + "\n")
+        path = Path(path)
+        write_files(path.parent, {path.name: text + "\n"}, ours=is_budgets_file, writer="lola calibrate")
+
+
+def is_budgets_file(path: str | Path) -> bool:
+    """Whether ``path`` holds budgets (``lola calibrate`` output, which may be replaced)."""
+    try:
+        load(Path(path))
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def available() -> list[str]:

@@ -33,7 +33,7 @@ PPL_METHODS = tuple(m for m in METHODS if m != "window")
 class PerplexityRun(BaseModel):
     """Options of ``lola perplexity``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     model: str = "smollm2-135m-instruct"
     lengths: list[Annotated[StrictInt, Field(ge=2, le=MAX_TOKENS)]] = Field(default_factory=lambda: [1024, 2048], min_length=1)

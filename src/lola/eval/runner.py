@@ -32,6 +32,7 @@ __all__ = [
     "RESULTS_FORMAT",
     "NiahRun",
     "check_out_folder",
+    "run_inputs",
     "format_depth_summary",
     "format_intervals",
     "format_summary",
@@ -64,7 +65,7 @@ def _distinct(name: str, values: list) -> list:
 class NiahRun(BaseModel):
     """Everything that defines a run (saved in ``results.json``; a resumed run must match)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = "smollm2-135m-instruct"
     task: str = "niah_single_1"
@@ -112,17 +113,19 @@ class NiahRun(BaseModel):
     @classmethod
     def _readable_haystack(cls, path: str | None) -> str | None:
         if path is not None:
+            from lola.data import read_text_file
+
             p = Path(path)
             if not p.is_file():
                 raise ValueError(f"haystack file {path!r} does not exist")
-            if not p.read_text(errors="replace").strip():
+            if not read_text_file(p).strip():  # binary or non-UTF-8 text is refused, naming the file
                 raise ValueError(f"haystack file {path!r} is empty")
         return path
 
     @field_validator("feature_maps")
     @classmethod
     def _feature_maps_folder(cls, path: str | None) -> str | None:
-        from lola.linearize.shipped import SHIPPED
+        from lola.pretrained.shipped import SHIPPED
 
         if path is not None and path not in SHIPPED and not (Path(path) / "feature_maps.safetensors").is_file():
             raise ValueError(f"{path!r} is not a feature-map folder (no feature_maps.safetensors; create it with `lola linearize --out {path}`)")
@@ -195,6 +198,25 @@ def _with_budgets(cfg: LoLAConfig, budgets: str | None, model: str) -> LoLAConfi
     if budgets is None or budgets == "uniform":
         return cfg
     return head_budgets.load(budgets).apply(cfg)
+
+
+def run_inputs(run: NiahRun) -> dict[str, str]:
+    """Fingerprints, by content, of the files a run reads besides its options: the haystack,
+    the feature maps (folder or shipped name) and budget files (the run's and its variants').
+    Saved in ``results.json``; a resume on other content under the same path is refused."""
+    from lola.checksums import content_digest
+    from lola.pretrained.shipped import resolve_feature_maps
+
+    inputs = {}
+    if run.haystack_file is not None:
+        inputs["haystack_file"] = content_digest(run.haystack_file)
+    if run.feature_maps is not None:
+        inputs["feature_maps"] = content_digest(resolve_feature_maps(run.feature_maps))
+    budgets = {"budgets": run.budgets, **{f"variants.{name}.budgets": v.get("budgets") for name, v in run.variants.items()}}
+    for key, value in budgets.items():
+        if isinstance(value, str) and Path(value).is_file():
+            inputs[key] = content_digest(value)
+    return inputs
 
 
 def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
@@ -280,9 +302,12 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tu
     files (``samples.jsonl``, the plots) without lola's ``results.json``; a saved run other
     than ``run``; a ``samples.jsonl`` with a cut-short or foreign line.
     """
-    from lola.outputs import check_output_folder, read_json
+    from lola.checksums import changed_inputs
+    from lola.outputs import check_output_folder, check_target, read_json
 
     out = check_output_folder(out_dir)
+    for name in (RESULTS_FILE, SAMPLES_FILE, *PLOT_FILES):
+        check_target(out / name, writer="lola niah")  # no links, no folders in a result file's place
     results = out / RESULTS_FILE
     if results.exists():
         if not results.is_file():
@@ -299,6 +324,12 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tu
                 raise ValueError(f"{results} holds a run this version of lola refuses ({detail}); use another --out") from None
             if not same:
                 raise ValueError(f"{out} holds a different run; use another --out or the same options (saved: {saved})")
+            changed = changed_inputs(data.get("inputs"), run_inputs(run))
+            if changed:
+                option = "--" + changed[0].replace("_", "-") if "." not in changed[0] else changed[0]
+                raise ValueError(
+                    f"{out} holds a run on other content: {option} changed since it started (same path, other content); restore it or use another --out"
+                )
     else:
         foreign = [name for name in (SAMPLES_FILE, *PLOT_FILES) if (out / name).exists()]
         if foreign:
@@ -323,7 +354,9 @@ def niah_prompts(run: NiahRun, tokenizer: Any) -> dict[tuple[int, int], Any]:
     from lola.eval.niah import make_sample
 
     depths = [(i + 0.5) / run.samples for i in range(run.samples)]
-    haystack = Path(run.haystack_file).read_text(errors="replace") if run.haystack_file else None
+    from lola.data import read_text_file
+
+    haystack = read_text_file(run.haystack_file) if run.haystack_file else None
     return {
         (n, i): make_sample(
             tokenizer,
@@ -359,6 +392,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
 
     out = Path(out_dir)
     done = check_out_folder(out, run)  # before anything is written
+    inputs = run_inputs(run)
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if max_positions and max(run.lengths) > max_positions:
         raise ValueError(f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
@@ -368,7 +402,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
         raise ValueError("batch_size > 1 needs a tokenizer with a pad or eos token id")
     maps = None
     if run.feature_maps is not None:  # read and checked once, before any generation
-        from lola.linearize.folder import check_geometry, read_feature_maps
+        from lola.pretrained.folder import check_geometry, read_feature_maps
 
         maps = read_feature_maps(run.feature_maps)
         check_geometry(maps, model)
@@ -379,7 +413,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
     records = list(done.values())
-    _write_results(results_path, run, records, effective)  # claims the folder; a resume keeps its summary
+    _write_results(results_path, run, records, effective, inputs)  # claims the folder; a resume keeps its summary
     samples_path = out / SAMPLES_FILE
     todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done]
     bar = tqdm(total=len(configs) * len(prompts), initial=len(configs) * len(prompts) - len(todo), desc="niah", disable=not progress)
@@ -388,12 +422,12 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     except BaseException:  # interrupted or failed: results.json still summarises every saved sample
         bar.close()
         try:
-            _write_results(results_path, run, records, effective)
+            _write_results(results_path, run, records, effective, inputs)
         except Exception:  # noqa: S110 - the original error is the one to report
             pass
         raise
     bar.close()
-    _write_results(results_path, run, records, effective)
+    _write_results(results_path, run, records, effective, inputs)
     plot_results(records, out)
     return records
 
@@ -418,7 +452,9 @@ def _generate_all(
 
     from lola.eval.niah import string_match_all
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+    from lola.outputs import check_target
 
+    check_target(Path(samples_path), writer="lola niah")  # appended to: never through a link
     with open(samples_path, "a") as log:
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
@@ -533,6 +569,8 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lola.outputs import write_files
+
     summary = summarize(records)
     paths = []
     for name, key, ylabel, scale in (("accuracy.png", "accuracy", "accuracy (%)", 1.0), ("cache_bytes.png", "cache_bytes", "cache (MiB)", 2.0**-20)):
@@ -551,8 +589,7 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        path = Path(out_dir) / name
-        fig.savefig(path, dpi=120)
+        (path,) = write_files(out_dir, {name: lambda p, fig=fig: fig.savefig(p, dpi=120, format="png")}, writer="lola niah")
         plt.close(fig)
         paths.append(path)
     return paths
@@ -577,7 +614,7 @@ def format_intervals(summary: dict[str, dict[int, dict[str, float]]]) -> str:
     return _table(summary, lambda c: f"{c['accuracy']:>6.1f}% [{c['low']:>3.0f}-{c['high']:>3.0f}] n={c['samples']:<3}", 22)
 
 
-def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict) -> None:
+def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict, inputs: dict[str, str]) -> None:
     import transformers
 
     import lola
@@ -585,11 +622,12 @@ def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict)
     payload = {
         "format": RESULTS_FORMAT,
         "run": run.model_dump(),
+        "inputs": inputs,
         "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in configs.items()},
         "summary": {m: {str(n): v for n, v in by.items()} for m, by in summarize(records).items()},
         "summary_by_depth": summarize_by_depth(records),
     }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(path)
+    from lola.outputs import write_files
+
+    write_files(path.parent, {path.name: json.dumps(payload, indent=2)}, writer="lola niah")

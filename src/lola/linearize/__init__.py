@@ -14,11 +14,11 @@ or ``lola linearize --model smollm2-135m-instruct --out runs/smollm2`` (both sta
 """
 
 from lola.linearize.finetuning import FinetuneConfig, distillation_loss, finetune
-from lola.linearize.folder import FeatureMaps, read_feature_maps, write_feature_maps
 from lola.linearize.hybrid import hybrid_attention
-from lola.linearize.lora import LoraSpec, merge_lora, restore_weights
 from lola.linearize.teacher import LayerActivations, collect_activations
 from lola.linearize.transfer import LinearizeConfig, hybrid_config, layer_loss, linearize
+from lola.pretrained.folder import FeatureMaps, read_feature_maps, write_feature_maps
+from lola.pretrained.lora import LoraSpec, merge_lora, restore_weights
 
 __all__ = [
     "FeatureMaps",

@@ -8,15 +8,18 @@ message that says which.
 
 from __future__ import annotations
 
+import hashlib
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import BaseModel
 
-from lola.checksums import sha256_file
+from lola.checksums import changed_inputs, sha256_file
+from lola.outputs import write_files
 
-__all__ = ["checksum_path", "load_checkpoint", "read_checkpoint", "write_checkpoint"]
+__all__ = ["checksum_path", "load_checkpoint", "read_checkpoint", "run_inputs", "write_checkpoint"]
 
 
 def checksum_path(path: Path) -> Path:
@@ -25,15 +28,13 @@ def checksum_path(path: Path) -> Path:
 
 
 def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file, then rename: a crash mid-write never leaves a broken
-    checkpoint. Its sha256 goes beside it (``checkpoint.pt.sha256``), checked on every read."""
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    sums = checksum_path(path)
-    sums_tmp = sums.with_suffix(".tmp256")
-    sums_tmp.write_text(sha256_file(tmp) + "\n")
-    tmp.replace(path)
-    sums_tmp.replace(sums)
+    """Write the checkpoint and its sha256 (``checkpoint.pt.sha256``, checked on every read)
+    with :func:`lola.outputs.write_files`: a crash mid-write never leaves a broken checkpoint,
+    and neither file is written through a link."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    write_files(path.parent, {path.name: data, checksum_path(path).name: hashlib.sha256(data).hexdigest() + "\n"}, writer="lola linearize")
 
 
 def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str) -> dict[str, Any]:
@@ -62,7 +63,21 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str) -> dict[str, 
         raise ValueError(f"{path} is not a readable checkpoint (no step count); delete it to start afresh") from None
     if step > cfg.steps:
         raise ValueError(f"{path} is at step {step}, beyond {steps_option} {cfg.steps}; ask for at least {step} steps")
+    changed = changed_inputs(state.get("inputs"), run_inputs(cfg))
+    if changed:
+        raise ValueError(
+            f"{path} was written by a run on other content: --{changed[0]} {getattr(cfg, changed[0])!r} changed since (same path, other content); "
+            "restore it, or use another --out"
+        )
     return state
+
+
+def run_inputs(cfg: BaseModel) -> dict[str, str]:
+    """The fingerprints of what a training run reads besides its options: its text, by content
+    (:func:`lola.data.source_digest`). Saved in every checkpoint; a resume must match."""
+    from lola.data import source_digest
+
+    return {"text": source_digest(getattr(cfg, "text", None))}
 
 
 def read_checkpoint(path: Path, cfg: BaseModel, geometry: dict, steps_option: str) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -27,21 +26,20 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lola.data import describe, encode, load_split, token_chunks
-from lola.linearize.checkpoint import read_checkpoint, write_checkpoint
+from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
 from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
-from lola.linearize.folder import CONFIG_FILE, check_geometry, model_geometry, read_feature_maps, write_feature_maps
-from lola.linearize.lora import LoraSpec
+from lola.pretrained.folder import CONFIG_FILE, FINETUNE_REPORT_FILE, check_geometry, model_geometry, read_feature_maps, write_feature_maps
+from lola.pretrained.lora import LoraSpec
 
 __all__ = ["FINETUNE_REPORT_FILE", "FinetuneConfig", "distillation_loss", "finetune"]
 
 FINETUNE_CHECKPOINT_FILE = "checkpoint-stage2.pt"
-FINETUNE_REPORT_FILE = "finetune_report.json"
 
 
 class FinetuneConfig(BaseModel):
     """Options of stage 2 (``lola linearize --stage 2``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     steps: int = Field(150, ge=1, description="optimizer steps")
     batch: int = Field(1, ge=1, description="sequences per step (the global batch under torchrun)")
@@ -275,6 +273,8 @@ def finetune(
     else:
         kl_before = heldout_kl()
 
+    inputs = run_inputs(cfg)  # the text's fingerprint, once: a resume on other content is refused
+
     def save_checkpoint(step: int) -> None:
         if not world.main:
             return
@@ -285,6 +285,7 @@ def finetune(
             "losses": losses,
             "train_s": train_s,
             "kl_before": kl_before,
+            "inputs": inputs,
             "trainable": [p.detach().cpu() for p in trainable],
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
@@ -340,8 +341,16 @@ def finetune(
         from lola.linearize.transfer import _versions
 
         report["versions"] = _versions()
-        write_feature_maps(out, _map_tensors(model), maps_cfg, geometry, model_name, lora=_lora_tensors(model), lora_spec=cfg.lora_spec())
-        (out / FINETUNE_REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        write_feature_maps(
+            out,
+            _map_tensors(model),
+            maps_cfg,
+            geometry,
+            model_name,
+            lora=_lora_tensors(model),
+            lora_spec=cfg.lora_spec(),
+            reports={FINETUNE_REPORT_FILE: report},
+        )
         log(
             f"held-out KL to the teacher: {kl_before if kl_before is None else f'{kl_before:.4f}'} -> "
             f"{kl_after if kl_after is None else f'{kl_after:.4f}'}; training {train_s / 60:.1f} min; wrote {out}"

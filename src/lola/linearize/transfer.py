@@ -11,7 +11,6 @@ each from its own cached activations.
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import time
@@ -25,11 +24,11 @@ from lola.config import LoLAConfig
 from lola.data import describe, encode, load_split, token_chunks
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 from lola.layer import LoLAAttention, compose
-from lola.linearize.checkpoint import read_checkpoint, write_checkpoint
+from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
 from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
-from lola.linearize.folder import REPORT_FILE, model_geometry, write_feature_maps
 from lola.linearize.hybrid import hybrid_attention
 from lola.linearize.teacher import LayerActivations, collect_activations
+from lola.pretrained.folder import REPORT_FILE, model_geometry, write_feature_maps
 
 __all__ = ["LinearizeConfig", "hybrid_config", "layer_loss", "linearize"]
 
@@ -39,7 +38,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 class LinearizeConfig(BaseModel):
     """Options of ``lola linearize`` (attention transfer)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     window: int = Field(64, ge=1, description="exact keys per query of the hybrid (η)")
     feature_map: Literal[TRAINABLE_FEATURE_MAPS] = DEFAULT_FEATURE_MAP
@@ -95,7 +94,7 @@ def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int) -> t
 
 
 def _students(model: torch.nn.Module, cfg: LinearizeConfig) -> dict[int, LoLAAttention]:
-    from lola.integrations.transformers.geometry import attention_geometry, attention_modules
+    from lola.pretrained.geometry import attention_geometry, attention_modules
 
     hybrid = hybrid_config(cfg)
     students = {}
@@ -150,7 +149,7 @@ def linearize(
         model: a stock transformers Llama-family decoder (frozen; not modified).
         tokenizer: its tokenizer (``tokenizer(text, add_special_tokens=False)["input_ids"]``).
         cfg: the training options.
-        out: output folder (see :mod:`lola.linearize.folder`).
+        out: output folder (see :mod:`lola.pretrained.folder`).
         model_name: recorded in the folder's config and report.
         progress: show tqdm progress bars.
         log: where one-line status messages go.
@@ -225,6 +224,8 @@ def linearize(
         if world.main:
             log(f"resuming from step {start} of {cfg.steps} ({ckpt})")
 
+    inputs = run_inputs(cfg)  # the text's fingerprint, once: a resume on other content is refused
+
     def save_checkpoint(step: int) -> None:
         if not world.main:
             return
@@ -235,6 +236,7 @@ def linearize(
             "losses": losses,
             "train_s": train_s,
             "mse_before": {str(k): v for k, v in mse_before.items()},
+            "inputs": inputs,
             "students": {str(i): s.state_dict() for i, s in students.items()},
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
@@ -291,8 +293,7 @@ def linearize(
         "versions": _versions(),
     }
     if world.main:
-        write_feature_maps(out, _tensors(students), hybrid_config(cfg), geometry, model_name)
-        (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        write_feature_maps(out, _tensors(students), hybrid_config(cfg), geometry, model_name, reports={REPORT_FILE: report})
         log(
             f"held-out MSE (mean over layers): {report['mse_heldout_mean']['before']:.3e} -> {report['mse_heldout_mean']['after']:.3e}; "
             f"training {train_s / 60:.1f} min; wrote {out}"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from lola.memory.base import KVBlock
 from lola.policies.base import ScoringContext
@@ -24,7 +26,7 @@ class SelfRecallError:
         reduce: ``"mean"`` or ``"max"`` over the query heads of a storage head.
     """
 
-    eps: float = 1e-6
+    eps: Annotated[float, Field(gt=0)] = 1e-6
     reduce: str = "mean"
     needs_attention = False
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
+from lola.limits import MAX_TOKENS
 from lola.memory.base import KVBlock
 from lola.policies.base import ScoringContext
 from lola.policies.builtin import _check_reduce
@@ -16,13 +19,20 @@ __all__ = ["ExpectedAttention", "KeyDiff", "average_rope_rotation"]
 
 def average_rope_rotation(head_dim: int, theta: float, horizon: int, device: torch.device | None = None) -> torch.Tensor:
     """``R̄ = mean_{Δ=1..horizon} R(Δ)``, ``[D, D]``: the RoPE rotation of a query ``Δ`` tokens
-    ahead, averaged (transformers' half-split layout: dimension ``i`` pairs with ``i + D/2``)."""
+    ahead, averaged (transformers' half-split layout: dimension ``i`` pairs with ``i + D/2``).
+
+    In closed form, so that time and memory do not grow with ``horizon``: for a frequency
+    ``ω``, ``mean_Δ e^{iΔω} = e^{iω(n+1)/2} · sin(nω/2) / (n · sin(ω/2))``.
+    """
     if head_dim % 2:
         raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
+    if horizon < 1:
+        raise ValueError(f"horizon must be >= 1, got {horizon}")
     half = head_dim // 2
-    freq = theta ** (-torch.arange(half, dtype=torch.float64, device=device) * 2 / head_dim)  # [D/2]
-    angle = torch.arange(1, horizon + 1, dtype=torch.float64, device=device)[:, None] * freq  # [n, D/2]
-    c, s = angle.cos().mean(0), angle.sin().mean(0)
+    freq = theta ** (-torch.arange(half, dtype=torch.float64, device=device) * 2 / head_dim)  # [D/2], in (0, 1]
+    n = float(horizon)
+    gain = torch.sin(n * freq / 2) / (n * torch.sin(freq / 2))  # |mean| of the rotations
+    c, s = torch.cos(freq * (n + 1) / 2) * gain, torch.sin(freq * (n + 1) / 2) * gain
     r = torch.zeros(head_dim, head_dim, dtype=torch.float64, device=device)
     i = torch.arange(half, device=device)
     # x'_i = x_i c − x_{i+D/2} s,   x'_{i+D/2} = x_{i+D/2} c + x_i s
@@ -58,9 +68,9 @@ class ExpectedAttention:
 
     value_norm: bool = True
     reduce: str = "mean"
-    rope_theta: float | None = None
-    horizon: int = 512
-    query_half_life: float = 64.0
+    rope_theta: Annotated[float, Field(gt=0)] | None = None
+    horizon: Annotated[int, Field(ge=1, le=MAX_TOKENS)] = 512
+    query_half_life: Annotated[float, Field(gt=0)] = 64.0
     needs_attention = False
     needs_queries = True
 

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -131,12 +132,18 @@ def test_edited_lengths_are_refused(tmp_path, lengths):
         LoLACache.load(folder, model)
 
 
+def _tensors_file(folder):
+    (found,) = folder.glob("cache-*.safetensors")
+    return found
+
+
 def test_damaged_files_are_named(tmp_path):
     model = apply_lola(tiny("llama"), SMALL)
     folder = _saved_cache(tmp_path, model)
-    weights = (folder / "cache.safetensors").read_bytes()
-    (folder / "cache.safetensors").write_bytes(weights[: len(weights) // 2])
-    with pytest.raises(ValueError, match=r"cache.safetensors does not match the checksum"):
+    tensors = _tensors_file(folder)
+    weights = tensors.read_bytes()
+    tensors.write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(ValueError, match=rf"{tensors.name} does not match the checksum"):
         LoLACache.load(folder, model)
     (folder / "cache.json").write_text('{"format": "lola-cache/1", "fingerp')
     with pytest.raises(ValueError, match=r"cache.json is not valid JSON"):
@@ -157,4 +164,87 @@ def test_a_damaged_state_with_a_valid_checksum_is_still_checked(tmp_path):
     meta["checksum"] = _meta_checksum(meta)
     (folder / "cache.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"cumulative_lengths\[0\] = 3 is less than the 30 tokens"):
+        LoLACache.load(folder, model)
+
+
+def test_saving_over_a_cache_is_atomic_and_leaves_one_cache(tmp_path, monkeypatch):
+    """A crash at any point of a save leaves a whole cache: the earlier one until ``cache.json``
+    is replaced, the new one after; no temporary file stays behind."""
+    import lola.outputs
+
+    model = apply_lola(tiny("llama"), SMALL)
+    folder = _saved_cache(tmp_path, model)
+    first = _tensors_file(folder)
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(torch.randint(0, 101, (1, 45)), cache=cache)
+    real_replace = os.replace
+    calls = []
+
+    def crash_on_second_replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the new tensors are in place, cache.json is not yet
+            raise KeyboardInterrupt("killed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(lola.outputs.os, "replace", crash_on_second_replace)
+    with pytest.raises(KeyboardInterrupt):
+        cache.save(folder)
+    monkeypatch.setattr(lola.outputs.os, "replace", real_replace)
+    assert LoLACache.load(folder, model).layers[0].cumulative_length == 30  # the earlier cache, whole
+    assert not list(folder.glob(".lola-tmp-*"))
+    cache.save(folder)
+    assert LoLACache.load(folder, model).layers[0].cumulative_length == 45
+    assert not first.exists() and len(list(folder.glob("cache-*.safetensors"))) == 1  # the superseded tensors are gone
+
+
+def test_save_refuses_foreign_files_and_links(tmp_path):
+    model = apply_lola(tiny("llama"), SMALL)
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(torch.randint(0, 101, (1, 20)), cache=cache)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "cache.json").write_text('{"format": "someone-else"}')
+    with pytest.raises(ValueError, match=r"cache.json exists and was not written by LoLACache.save"):
+        cache.save(foreign)
+    assert (foreign / "cache.json").read_text() == '{"format": "someone-else"}'
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (linked / "cache.json").symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        cache.save(linked)
+    assert target.read_text() == "keep me"
+
+
+def test_a_cache_saved_by_the_earlier_layout_still_loads(tmp_path):
+    """Caches written as ``cache.safetensors`` (before the tensors were named by their content)."""
+    from lola.integrations.transformers.cache import _meta_checksum
+
+    model = apply_lola(tiny("llama"), SMALL)
+    folder = _saved_cache(tmp_path, model)
+    _tensors_file(folder).rename(folder / "cache.safetensors")
+    meta = json.loads((folder / "cache.json").read_text())
+    del meta["tensors"]
+    meta["checksum"] = _meta_checksum(meta)
+    (folder / "cache.json").write_text(json.dumps(meta))
+    assert LoLACache.load(folder, model).layers[0].cumulative_length == 30
+    LoLACache.load(folder, model).save(folder)  # saving over it moves to the new layout
+    assert not (folder / "cache.safetensors").exists()
+    assert LoLACache.load(folder, model).layers[0].cumulative_length == 30
+
+
+@pytest.mark.parametrize("name", ["../cache-0123456789abcdef.safetensors", "/etc/passwd", "cache.json", 5])
+def test_a_description_cannot_point_elsewhere(tmp_path, name):
+    from lola.integrations.transformers.cache import _meta_checksum
+
+    model = apply_lola(tiny("llama"), SMALL)
+    folder = _saved_cache(tmp_path, model)
+    meta = json.loads((folder / "cache.json").read_text())
+    meta["tensors"] = name
+    meta["checksum"] = _meta_checksum(meta)
+    (folder / "cache.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="tensors must be a file name"):
         LoLACache.load(folder, model)

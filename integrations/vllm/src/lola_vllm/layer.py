@@ -105,7 +105,7 @@ class LoLALlamaAttention(nn.Module, MambaBase):
                 rows[new] = self._fresh[key].to(rows.device)
             sd[key] = rows
         mem = self.lola.new_state()
-        mem.load_state_dict(sd)
+        mem.load_state_dict(sd, check=False)  # its own pages, written by this layer
         return mem
 
     def _store(self, idx: torch.Tensor, mem) -> None:

@@ -123,7 +123,7 @@ def lola_config_from_args(
     cfg = LoLAConfig(**{**base, **{k: _parse_value(v) for k, v in fields.items()}})
     maps = None
     if feature_maps is not None:
-        from lola.linearize.folder import FeatureMaps, read_feature_maps
+        from lola.pretrained.folder import FeatureMaps, read_feature_maps
 
         maps = feature_maps if isinstance(feature_maps, FeatureMaps) else read_feature_maps(feature_maps)
         # before the budgets: HeadBudgets.apply marks every field as set

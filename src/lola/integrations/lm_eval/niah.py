@@ -161,7 +161,11 @@ def export_niah(
     if not name.isidentifier():
         raise ValueError(f"the task name must be a Python identifier (letters, digits, underscores), got {name!r}")
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    from lola.outputs import check_output_folder, check_target, write_files
+
+    check_output_folder(out, "--out")
+    for target in (out / f"{name}.jsonl", out / f"{name}_utils.py", out / f"{name}.yaml"):
+        check_target(target, _exported_by_us, "export-niah")  # before any prompt is built
     # The prompts run_niah builds (a test compares the two).
     rows = []
     mismatched = 0
@@ -177,15 +181,45 @@ def export_niah(
             file=sys.stderr,
         )
     data_file = out / f"{name}.jsonl"
-    data_file.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     options = run.model_dump(
         mode="json", include={"task", "lengths", "samples", "seed", "max_new_tokens", "haystack_file", "needle", "question", "answer_prefix"}
     )
-    header = "# Exported by `python -m lola.integrations.lm_eval export-niah`: the prompts of `lola niah` with\n# " + json.dumps(options)
-    (out / f"{name}_utils.py").write_text(_UTILS.format(lengths=list(run.lengths)))
-    yaml_path = out / f"{name}.yaml"
-    yaml_path.write_text(_yaml(name, data_file, run.new_tokens, list(run.lengths), header))
-    return yaml_path
+    header = f"{_YAML_MARK}: the prompts of `lola niah` with\n# " + json.dumps(options)
+    written = write_files(
+        out,
+        {
+            data_file.name: "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows),
+            f"{name}_utils.py": _UTILS.format(lengths=list(run.lengths)),
+            f"{name}.yaml": _yaml(name, data_file, run.new_tokens, list(run.lengths), header),  # last: the task lm-eval reads
+        },
+        ours=_exported_by_us,
+        writer="export-niah",
+    )
+    return written[-1]
+
+
+_YAML_MARK = "# Exported by `python -m lola.integrations.lm_eval export-niah`"
+_UTILS_MARK = '"""Scoring of the exported lola niah task (written by lola.integrations.lm_eval.niah)."""'
+_ROW_KEYS = {"index", "length", "depth", "key", "answers", "prompt_tokens", "text"}
+
+
+def _exported_by_us(path: Path) -> bool:
+    """Whether ``path`` is a file that ``export-niah`` wrote (task YAML, scoring module or prompts),
+    which a new export may replace; anything else in their place is someone else's."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if path.suffix == ".yaml":
+        return first.startswith(_YAML_MARK)
+    if path.suffix == ".py":
+        return first.rstrip("\n") == _UTILS_MARK
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and set(row) == _ROW_KEYS
 
 
 def _lm_eval_ids(tokenizer: Any, text: str) -> list[int]:

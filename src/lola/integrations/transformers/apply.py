@@ -12,12 +12,12 @@ from lola.config import LoLAConfig
 from lola.integrations.transformers.applied import CONFIG_KEY, AppliedLoLA, config_entry
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
 from lola.integrations.transformers.generation import install_generation_hook, remove_generation_hook
-from lola.integrations.transformers.geometry import attention_geometry, attention_modules
 from lola.integrations.transformers.support import check_architecture
 from lola.layer import LoLAAttention, compose
+from lola.pretrained.geometry import attention_geometry, attention_modules
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lola.linearize.folder import FeatureMaps
+    from lola.pretrained.folder import FeatureMaps
 
 __all__ = ["apply_lola", "attention_modules", "patch", "remove_lola"]
 
@@ -38,14 +38,14 @@ def apply_lola(
         model: a transformers Llama-family model (``LlamaForCausalLM``, ``MistralForCausalLM``,
             ``Qwen2ForCausalLM``, …).
         config: the LoLA configuration (default ``LoLAConfig()``).
-        feature_maps: a folder written by ``lola linearize`` (:mod:`lola.linearize.folder`),
-            or one already read (:class:`~lola.linearize.FeatureMaps`):
+        feature_maps: a folder written by ``lola linearize`` (:mod:`lola.pretrained.folder`),
+            or one already read (:class:`~lola.pretrained.FeatureMaps`):
             its trained maps and window factors are loaded into every LoLA layer, and its
             ``feature_map``, ``feature_dim``, ``mixing`` and ``affine`` fill in whatever
             ``config`` leaves unset. A folder of stage 2 also holds LoRA adapters: they are
             merged into the q, k, v, o projections (and taken out again by
             :func:`remove_lola`). A registered name (``"smollm2-135m-instruct"``) loads the
-            maps shipped with lola (:mod:`lola.linearize.shipped`). Refused with a ``ValueError`` if it was trained for a
+            maps shipped with lola (:mod:`lola.pretrained.shipped`). Refused with a ``ValueError`` if it was trained for a
             model of another shape or ``config`` sets a conflicting feature map.
         force: apply LoLA even to an architecture whose attention it does not reproduce. By
             default such a model is refused with a ``ValueError`` saying why (soft-capped
@@ -61,7 +61,7 @@ def apply_lola(
         check_architecture(model)
     maps = None
     if feature_maps is not None:
-        from lola.linearize.folder import FeatureMaps, check_geometry, read_feature_maps
+        from lola.pretrained.folder import FeatureMaps, check_geometry, read_feature_maps
 
         maps = feature_maps if isinstance(feature_maps, FeatureMaps) else read_feature_maps(feature_maps)
         check_geometry(maps, model)
@@ -110,7 +110,7 @@ def apply_lola(
         try:
             load_lolcats_checkpoint(model, keep)
             if maps.lora is not None:
-                from lola.linearize.lora import merge_lora
+                from lola.pretrained.lora import merge_lora
 
                 model._lola.merged_weights = merge_lora(model, maps.lora, maps.lora_spec)
         except Exception:
@@ -131,7 +131,7 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
             del module.lola
     model.set_attn_implementation(info.previous_attn_implementation)
     if info.merged_weights:
-        from lola.linearize.lora import restore_weights
+        from lola.pretrained.lora import restore_weights
 
         restore_weights(model, info.merged_weights)  # the stock projections, bit for bit
     remove_generation_hook(model)

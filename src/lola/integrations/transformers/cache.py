@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import weakref
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +16,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 from lola.checksums import sha256_file
 from lola.composer import LoLAMemory
 from lola.integrations.transformers.applied import applied, weights_digest
-from lola.integrations.transformers.attention import announce
+from lola.integrations.transformers.attention import ATTENTION_NAME, announce
 
 __all__ = ["LoLACache", "LoLACacheLayer"]
 
@@ -134,6 +136,12 @@ class LoLACache(Cache):
             raise ValueError("this LoLACache was built for another model: build one with LoLACache(model)")
         if own is None or getattr(own, "_lola", None) is not self._applied:
             raise ValueError("this LoLACache is stale: LoLA was removed from (or re-applied to) its model since it was built; build a new LoLACache(model)")
+        impl = getattr(own.config, "_attn_implementation", None)
+        if impl != ATTENTION_NAME:
+            raise ValueError(
+                f"LoLA is applied to this model but its attention implementation is now {impl!r}: its layers would not run LoLA; "
+                f"call model.set_attn_implementation({ATTENTION_NAME!r}) again, or remove_lola(model) to use the stock model"
+            )
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if layer_idx == 0:  # once per forward: the model must still be patched as it was
@@ -152,13 +160,20 @@ class LoLACache(Cache):
 
     # -- persistence ------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> None:
-        """Write the cache to ``directory`` (``cache.safetensors`` + ``cache.json``).
+        """Write the cache to ``directory``: ``cache.json`` and the tensors it names
+        (``cache-<sha256 prefix>.safetensors``).
 
         ``cache.json`` records the model's fingerprint (shape, LoLA config, a digest of its
-        weights and feature maps), the lengths seen and the sha256 of ``cache.safetensors``.
+        weights and feature maps), the lengths seen, the tensors' file and its sha256. Saving
+        over an earlier cache is atomic: the new tensors go to a file named by their content,
+        ``cache.json`` is replaced last, and only then is the earlier tensors' file removed, so a
+        crash at any point leaves one whole cache (the new or the earlier one). A folder whose
+        ``cache.json`` is not a lola cache, or links in place of the files, are refused.
         Only LoLA layers can be saved; a cache with full-attention layers raises.
         """
-        from safetensors.torch import save_file
+        from safetensors.torch import save
+
+        from lola.outputs import check_target, write_files
 
         self.check_model()
         tensors: dict[str, torch.Tensor] = {}
@@ -169,18 +184,23 @@ class LoLACache(Cache):
             lengths.append(layer.cumulative_length)
             if layer.state is not None:
                 tensors.update({f"layers.{i}.{k}": t.detach().contiguous().cpu() for k, t in layer.state.state_dict().items()})
-        os.makedirs(directory, exist_ok=True)
-        weights = os.path.join(directory, "cache.safetensors")
-        save_file(tensors, weights)
+        directory = Path(directory)
+        meta_path = directory / _META_FILE
+        check_target(meta_path, _is_cache_description, "LoLACache.save")
+        previous = _tensor_file(_read_meta(meta_path)) if meta_path.is_file() else None
+        data = save(tensors)
+        digest = hashlib.sha256(data).hexdigest()
+        weights = f"cache-{digest[:16]}.safetensors"
         meta = {
             "format": _FORMAT,
             "fingerprint": {**self.fingerprint, "weights": weights_digest(self._model())},
             "cumulative_lengths": lengths,
-            "sha256": sha256_file(weights),
+            "tensors": weights,
+            "sha256": digest,
         }
         meta["checksum"] = _meta_checksum(meta)
-        with open(os.path.join(directory, "cache.json"), "w") as f:
-            json.dump(meta, f, indent=2)
+        stale = [name for name in (previous, _LEGACY_TENSORS) if name and name != weights]
+        write_files(directory, {weights: data, _META_FILE: json.dumps(meta, indent=2) + "\n"}, writer="LoLACache.save", remove=stale)
 
     @classmethod
     def load(cls, directory: str | os.PathLike, model: torch.nn.Module) -> "LoLACache":
@@ -194,20 +214,18 @@ class LoLACache(Cache):
         from safetensors.torch import load_file
 
         cache = cls(model)
-        meta_path, weights = os.path.join(directory, "cache.json"), os.path.join(directory, "cache.safetensors")
-        for path in (meta_path, weights):
-            if not os.path.isfile(path):
-                raise ValueError(f"{directory} does not hold a lola cache: {path} is missing")
-        try:
-            with open(meta_path) as f:
-                meta = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{meta_path} is not valid JSON ({e}); was it written by LoLACache.save?") from None
+        meta_path = os.path.join(directory, _META_FILE)
+        if not os.path.isfile(meta_path):
+            raise ValueError(f"{directory} does not hold a lola cache: {meta_path} is missing")
+        meta = _read_meta(Path(meta_path))
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
             raise ValueError(f"{directory} does not hold a lola cache (format {found!r}, expected {_FORMAT!r})")
         if meta.get("checksum") != _meta_checksum(meta):
             raise ValueError(f"{meta_path} does not match its own checksum: the file was edited or damaged")
+        weights = os.path.join(directory, _tensor_file(meta, meta_path))
+        if not os.path.isfile(weights):
+            raise ValueError(f"{directory} does not hold a lola cache: {weights} is missing")
         if meta.get("sha256") != sha256_file(weights):
             raise ValueError(f"{weights} does not match the checksum in {meta_path}: the file is damaged or was changed")
         saved = meta.get("fingerprint")
@@ -242,6 +260,37 @@ class LoLACache(Cache):
                 layer.state = state
                 layer.is_initialized = True
         return cache
+
+
+_META_FILE = "cache.json"
+_LEGACY_TENSORS = "cache.safetensors"  # the tensors' name before it was content-addressed
+_TENSOR_NAME = re.compile(r"^cache-[0-9a-f]{16}\.safetensors$")
+
+
+def _read_meta(path: Path) -> Any:
+    """``cache.json``'s content; a file that is not JSON text is a ``ValueError`` naming it."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); was it written by LoLACache.save?") from None
+
+
+def _is_cache_description(path: Path) -> bool:
+    """Whether ``path`` is a ``cache.json`` that ``LoLACache.save`` wrote (and may replace)."""
+    try:
+        meta = _read_meta(path)
+    except ValueError:
+        return False
+    return isinstance(meta, dict) and meta.get("format") == _FORMAT
+
+
+def _tensor_file(meta: Any, meta_path: Any = _META_FILE) -> str:
+    """The tensors' file name that ``cache.json`` names: ``cache-<16 hex>.safetensors`` (or the
+    earlier fixed ``cache.safetensors``); never a path, so a description cannot point elsewhere."""
+    name = meta.get("tensors", _LEGACY_TENSORS) if isinstance(meta, dict) else None
+    if name != _LEGACY_TENSORS and not (isinstance(name, str) and _TENSOR_NAME.match(name)):
+        raise ValueError(f"{meta_path}: tensors must be a file name cache-<16 hex digits>.safetensors beside it, got {name!r}")
+    return name
 
 
 def _meta_checksum(meta: dict) -> str:

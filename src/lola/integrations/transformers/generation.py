@@ -39,7 +39,9 @@ def _prepare_cache_for_generation(self: torch.nn.Module, generation_config: Any,
         impl = generation_config.cache_implementation
         if impl not in (None, "dynamic"):
             raise ValueError(f"cache_implementation={impl!r} does not apply to a LoLA model (its cache is a LoLACache); leave it unset")
-        model_kwargs["cache"] = LoLACache(self)
+        cache = LoLACache(self)
+        cache.check_model(self)  # e.g. the attention implementation was switched away from LoLA's
+        model_kwargs["cache"] = cache
         return None
     return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
 

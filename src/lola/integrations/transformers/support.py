@@ -4,7 +4,8 @@ LoLA's attention function receives the projected, normalised and rotated queries
 values of a layer and computes softmax attention over its memories (plus the linear state).
 With a window that covers the whole sequence it must give the stock model's output; that
 holds when the model's attention is plain causal softmax of ``q·k · scaling``. It does not hold
-for attention that soft-caps its logits (Gemma 2), adds position biases (ALiBi), has learned
+for attention that soft-caps its logits (Gemma 2), restricts itself to a sliding window shorter
+than the context (Mistral's ``sliding_window``, Gemma 3's local layers), adds position biases (ALiBi), has learned
 attention sinks (gpt-oss), or scales queries before the attention function while passing
 another ``scaling`` (OPT). Architectures are therefore allowed by name, each checked on a tiny
 random model (stock logits equal to LoLA's with nothing evicted), and refused otherwise unless
@@ -75,6 +76,22 @@ def _sinks_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
+def _sliding_window_reason(config: object) -> str | None:
+    """A sliding window the model applies within its own context: stock attention forgets what
+    lies beyond it, LoLA would not (its sparse cache and state keep it), so outputs differ."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    if layer_types and "sliding_attention" not in layer_types:
+        return None
+    context = getattr(config, "max_position_embeddings", None)
+    if context is not None and int(window) >= int(context):
+        return None  # the window never binds
+    layers = [i for i, t in enumerate(layer_types) if t == "sliding_attention"] if layer_types else "all"
+    return f"attends within a sliding window of {window} tokens (layers {layers}) in a {context}-token context, which LoLA does not reproduce"
+
+
 def _rotary_reason(model: torch.nn.Module) -> str | None:
     if not any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
         return "has no rotary position embeddings (LoLA's policies and feature maps assume RoPE-rotated keys)"
@@ -84,11 +101,12 @@ def _rotary_reason(model: torch.nn.Module) -> str | None:
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why LoLA would not reproduce ``model``'s attention, or ``None`` if it does.
 
-    Checks, in order: logit soft-capping, ALiBi, learned attention sinks, rotary embeddings,
-    and finally whether ``model.config.model_type`` is in :data:`VERIFIED_MODEL_TYPES`.
+    Checks, in order: logit soft-capping, ALiBi, learned attention sinks, a sliding window that
+    binds within the model's context, rotary embeddings, and finally whether
+    ``model.config.model_type`` is in :data:`VERIFIED_MODEL_TYPES`.
     """
     config = getattr(model, "config", None)
-    for reason in (_softcap_reason(config), _alibi_reason(config), _sinks_reason(model), _rotary_reason(model)):
+    for reason in (_softcap_reason(config), _alibi_reason(config), _sinks_reason(model), _sliding_window_reason(config), _rotary_reason(model)):
         if reason is not None:
             return reason
     model_type = getattr(config, "model_type", None)

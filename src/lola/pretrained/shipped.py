@@ -2,7 +2,7 @@
 
 ``apply_lola(model, cfg, feature_maps="smollm2-135m-instruct")``, ``lola niah --feature-maps
 smollm2-135m-instruct`` and ``lola.models.load("smollm2-135m-instruct", linearized=True)`` read
-the folder ``lola/linearize/shipped/<name>/`` (written by ``lola linearize``, its tensors stored
+the folder ``lola/pretrained/shipped/<name>/`` (written by ``lola linearize``, its tensors stored
 in bfloat16). Every file's sha256 is checked before it is read: a damaged installation is an
 error, never a silently different model.
 """
@@ -10,6 +10,7 @@ error, never a silently different model.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,10 @@ def pack(folder: str | os.PathLike, out: str | os.PathLike) -> dict[str, str]:
             continue
         if name.endswith(".safetensors"):
             save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(src / name)).items()}, str(dst / name))
+        elif name == "lola_config.json":
+            meta = json.loads((src / name).read_text())
+            meta.pop("files", None)  # the tensors change dtype here; the registry's sums check the shipped files
+            (dst / name).write_text(json.dumps(meta, indent=2) + "\n")
         else:
             shutil.copyfile(src / name, dst / name)
         files[name] = hashlib.sha256((dst / name).read_bytes()).hexdigest()

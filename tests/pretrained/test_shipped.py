@@ -2,13 +2,14 @@
 feature-map folder is accepted; a damaged file is refused."""
 
 import hashlib
+import json
 import shutil
 
 import pytest
 import torch
 
 import lola
-import lola.linearize.shipped as shipped
+import lola.pretrained.shipped as shipped
 from lola.integrations.transformers import apply_lola, remove_lola
 from lola.linearize import LinearizeConfig, linearize, read_feature_maps
 from lola.models import tiny_random
@@ -74,6 +75,11 @@ def test_truncated_safetensors_names_the_file(folder, tmp_path):
     shutil.copytree(folder, bad)
     data = (bad / "feature_maps.safetensors").read_bytes()
     (bad / "feature_maps.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="feature_maps.safetensors is not the file lola_config.json records"):
+        read_feature_maps(bad)
+    meta = json.loads((bad / "lola_config.json").read_text())
+    del meta["files"]  # a folder written before the sums were recorded
+    (bad / "lola_config.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="feature_maps.safetensors is not a readable safetensors file"):
         read_feature_maps(bad)
 

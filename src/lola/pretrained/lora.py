@@ -23,7 +23,7 @@ _KEY = re.compile(r"^(?:.*?\.)?(layers\.\d+\.self_attn\.(?:q_proj|k_proj|v_proj|
 class LoraSpec(BaseModel):
     """How the adapters were trained: rank, scaling and target projections."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     rank: int = Field(8, ge=1)
     alpha: float = Field(16.0, gt=0)

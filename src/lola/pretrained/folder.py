@@ -9,12 +9,13 @@ A folder holds:
   and the geometry of the model it was trained for;
 - ``report.json``: how it was trained (per-layer MSE before and after, text, steps, time);
 - after stage 2 (LoRA fine-tuning): ``lora.safetensors`` (peft-named adapters of q, k, v, o;
-  see :mod:`lola.linearize.lora`), their rank and alpha under ``"lora"`` in
+  see :mod:`lola.pretrained.lora`), their rank and alpha under ``"lora"`` in
   ``lola_config.json``, and ``finetune_report.json``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -23,16 +24,32 @@ from pathlib import Path
 import torch
 
 from lola.config import LoLAConfig
-from lola.linearize.lora import LORA_FILE, LoraSpec
+from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_LAYERS
+from lola.pretrained.lora import LORA_FILE, LoraSpec
 
-__all__ = ["FEATURE_MAPS_FILE", "CONFIG_FILE", "REPORT_FILE", "FeatureMaps", "model_geometry", "read_feature_maps", "write_feature_maps"]
+__all__ = [
+    "CONFIG_FILE",
+    "FEATURE_MAPS_FILE",
+    "FINETUNE_REPORT_FILE",
+    "REPORT_FILE",
+    "FeatureMaps",
+    "folder_is_ours",
+    "model_geometry",
+    "read_feature_maps",
+    "write_feature_maps",
+]
 
 FEATURE_MAPS_FILE = "feature_maps.safetensors"
 CONFIG_FILE = "lola_config.json"
 REPORT_FILE = "report.json"
 FORMAT = "lola-feature-maps"
+FINETUNE_REPORT_FILE = "finetune_report.json"
+REPORT_FILES = (REPORT_FILE, FINETUNE_REPORT_FILE)
+GROUP_FILES = (FEATURE_MAPS_FILE, "lora.safetensors", *REPORT_FILES)
+"""The files a folder's ``lola_config.json`` describes (beside it)."""
 
 GEOMETRY_KEYS = ("num_layers", "num_heads", "num_kv_heads", "head_dim")
+GEOMETRY_LIMITS = {"num_layers": MAX_LAYERS, "num_heads": MAX_HEADS, "num_kv_heads": MAX_HEADS, "head_dim": MAX_FEATURE_DIM}
 # The LoLCATs names of a layer's tensors (as lola.integrations.transformers.lolcats reads them).
 _TENSOR_KEY = re.compile(
     r"(?:^|\.)layers\.(\d+)\.self_attn\.(feature_map_q\.mlp\.layer|feature_map_k\.mlp\.layer|feature_map_q\.mlp\.bias|feature_map_k\.mlp\.bias|window_factors)$"
@@ -89,11 +106,25 @@ class FeatureMaps:
 
 def model_geometry(model: torch.nn.Module) -> dict:
     """``num_layers, num_heads, num_kv_heads, head_dim`` of a Llama-family model."""
-    from lola.integrations.transformers.geometry import attention_geometry, attention_modules
+    from lola.pretrained.geometry import attention_geometry, attention_modules
 
     modules = attention_modules(model)
     heads, kv_heads, head_dim = attention_geometry(modules[0])
     return {"num_layers": len(modules), "num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}
+
+
+def folder_is_ours(folder: str | Path) -> bool:
+    """Whether ``folder`` may receive a feature-map group: it holds none of the group's files, or
+    its ``lola_config.json`` carries lola's format marker (the files beside it are then ours)."""
+    folder = Path(folder)
+    description = folder / CONFIG_FILE
+    if description.is_file() and not description.is_symlink():
+        try:
+            meta = json.loads(description.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return False
+        return isinstance(meta, dict) and meta.get("format") == FORMAT
+    return not any((folder / name).exists() or (folder / name).is_symlink() for name in GROUP_FILES)
 
 
 def write_feature_maps(
@@ -104,27 +135,52 @@ def write_feature_maps(
     model_name: str | None = None,
     lora: dict[str, torch.Tensor] | None = None,
     lora_spec: LoraSpec | None = None,
+    reports: dict[str, dict] | None = None,
 ) -> None:
-    """Write ``feature_maps.safetensors``, ``lola_config.json`` and, with ``lora``, ``lora.safetensors``."""
-    from safetensors.torch import save_file
+    """Write the folder as one group: ``feature_maps.safetensors``, with ``lora``
+    ``lora.safetensors``, the ``reports`` (``{file name: JSON data}``), then ``lola_config.json``,
+    which records the sha256 of every other file of the group.
+
+    Each file is replaced atomically (:func:`lola.outputs.write_files`), the description last;
+    a folder holding another tool's files is refused before anything is written, and adapters
+    of an earlier run are removed when none are given (they must not be read with new maps).
+
+    Raises:
+        ValueError: ``folder`` holds files of the group that lola did not write (named), or a
+            link in a file's place.
+    """
+    from safetensors.torch import save
+
+    from lola.outputs import write_files
 
     if (lora is None) != (lora_spec is None):
         raise ValueError("lora and lora_spec go together")
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(folder / FEATURE_MAPS_FILE))
+    if not folder_is_ours(folder):
+        raise ValueError(
+            f"{folder} holds files that were not written by lola linearize ({CONFIG_FILE} missing or foreign); move them away or choose another folder"
+        )
+    files: dict[str, bytes] = {FEATURE_MAPS_FILE: save({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()})}
     meta = {"format": FORMAT, "version": 1, "model": model_name, "geometry": geometry, "lola_config": config.model_dump(mode="json")}
     if lora is not None:
-        save_file({k: v.detach().float().contiguous().cpu() for k, v in lora.items()}, str(folder / LORA_FILE))
+        files[LORA_FILE] = save({k: v.detach().float().contiguous().cpu() for k, v in lora.items()})
         meta["lora"] = lora_spec.model_dump(mode="json")
-    elif (folder / LORA_FILE).exists():
-        (folder / LORA_FILE).unlink()  # stale adapters of an earlier run must not be read with new maps
-    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    for name, data in (reports or {}).items():
+        files[name] = (json.dumps(data, indent=2) + "\n").encode()
+    kept = {}
+    if (folder / CONFIG_FILE).is_file():  # the earlier group's reports stay valid beside new maps only if rewritten
+        old = json.loads((folder / CONFIG_FILE).read_text())
+        keep = [REPORT_FILE] if lora is None else list(REPORT_FILES)
+        kept = {n: h for n, h in (old.get("files") or {}).items() if n not in files and n in keep and (folder / n).is_file()}
+    meta["files"] = {**kept, **{name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+    files[CONFIG_FILE] = (json.dumps(meta, indent=2) + "\n").encode()
+    # without adapters, those of an earlier run (and the report of their training) must go
+    write_files(folder, files, writer="lola linearize", remove=[] if lora is not None else [n for n in (LORA_FILE, FINETUNE_REPORT_FILE) if n not in files])
 
 
 def read_feature_maps(folder: str | Path) -> FeatureMaps:
     """Read a folder written by ``lola linearize``, or the maps shipped under a registered name
-    (:mod:`lola.linearize.shipped`, e.g. ``"smollm2-135m-instruct"``).
+    (:mod:`lola.pretrained.shipped`, e.g. ``"smollm2-135m-instruct"``).
 
     Everything is checked before a model is touched: the description's keys, the tensors of
     every layer of its geometry (none missing, none extra, shapes ``[H, D, f]`` and finite
@@ -136,11 +192,11 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
             feature-map description or lacks a key, or the tensors do not cover the layers it
             describes (each message names the file and the key).
     """
-    from lola.linearize.shipped import resolve_feature_maps
+    from lola.pretrained.shipped import resolve_feature_maps
 
     folder = resolve_feature_maps(folder)
     if not folder.is_dir():
-        from lola.linearize.shipped import SHIPPED
+        from lola.pretrained.shipped import SHIPPED
 
         shipped = f", or use a shipped name ({', '.join(sorted(SHIPPED))})" if SHIPPED else ""
         raise FileNotFoundError(f"feature_maps folder {str(folder)!r} does not exist (create it with `lola linearize --out {folder}`{shipped})")
@@ -149,6 +205,7 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
             raise FileNotFoundError(f"feature_maps folder {str(folder)!r} has no {name}: is it the --out folder of a finished `lola linearize` run?")
     meta_path = folder / CONFIG_FILE
     meta = _read_description(meta_path)
+    _check_group(meta, folder, meta_path)
     config = _description_config(meta, meta_path)
     geometry = _description_geometry(meta, meta_path)
     lora = lora_spec = None
@@ -181,6 +238,31 @@ def _read_description(path: Path) -> dict:
     return meta
 
 
+def _check_group(meta: dict, folder: Path, meta_path: Path) -> None:
+    """The files ``lola_config.json`` records (``"files"``: name → sha256) are those beside it.
+
+    Catches a group that is not whole (a file from another run, a write cut between two files,
+    damage); folders written before the entry existed (and shipped folders, whose files the
+    registry checks) have none. Not a defence against edits: whoever changes a file can
+    change its recorded sum too.
+    """
+    recorded = meta.get("files")
+    if recorded is None:
+        return
+    if not isinstance(recorded, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items()):
+        raise ValueError(f"{meta_path}: files must map file names to sha256 digests, got {recorded!r}")
+    for name, digest in recorded.items():
+        if name not in GROUP_FILES:
+            raise ValueError(f"{meta_path}: files names {name!r}, which is not a file of a feature-map folder ({', '.join(GROUP_FILES)})")
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"feature_maps folder {str(folder)!r} has no {name}, which {CONFIG_FILE} records")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise ValueError(
+                f"{path} is not the file {CONFIG_FILE} records (sha256 differs): damaged, or from another run; write the folder again with `lola linearize`"
+            )
+
+
 def _description_config(meta: dict, path: Path) -> LoLAConfig:
     """The ``lola_config`` entry as a validated :class:`~lola.LoLAConfig`, errors naming ``path``."""
     from pydantic import ValidationError
@@ -206,13 +288,15 @@ def _description_geometry(meta: dict, path: Path) -> dict:
         value = geometry[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{path}: geometry.{key} must be an int >= 1, got {value!r}")
+        if value > GEOMETRY_LIMITS[key]:
+            raise ValueError(f"{path}: geometry.{key} must be <= {GEOMETRY_LIMITS[key]}, got {value}")
     if geometry["num_heads"] % geometry["num_kv_heads"]:
         raise ValueError(f"{path}: geometry.num_heads ({geometry['num_heads']}) must be a multiple of geometry.num_kv_heads ({geometry['num_kv_heads']})")
     return dict(geometry)
 
 
 def _description_lora(meta: dict, path: Path) -> LoraSpec:
-    """The ``lora`` entry as a validated :class:`~lola.linearize.lora.LoraSpec`."""
+    """The ``lora`` entry as a validated :class:`~lola.pretrained.lora.LoraSpec`."""
     from pydantic import ValidationError
 
     from lola.config import validation_summary

@@ -1,7 +1,7 @@
 """The attention modules of a transformers decoder model and their shape (heads, K/V heads, head size).
 
-Shared by :func:`~lola.integrations.transformers.apply_lola` and linearization
-(:mod:`lola.linearize.folder`, :mod:`lola.linearize.transfer`); it imports nothing else of lola.
+Shared by :func:`~lola.integrations.transformers.apply_lola`, the feature-map folders and linearization
+(:mod:`lola.pretrained.folder`, :mod:`lola.linearize.transfer`); it imports nothing else of lola.
 """
 
 from __future__ import annotations

@@ -1,0 +1,224 @@
+"""Hostile inputs, class 4 (files): no writer of lola writes through a link, over a file it did
+not write, or leaves a half-written group when it is stopped.
+
+The mechanism is :func:`lola.outputs.write_files` (tests/test_outputs.py); here each writer is
+checked through its public entry point: the feature-map folder (API and ``lola linearize``),
+checkpoints, ``lola niah`` results, ``lola perplexity --out``, budgets (API and ``lola
+calibrate``), and the lm-eval export. ``LoLACache.save`` is covered in
+tests/integrations/transformers/test_cache.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from lola.cli import main
+from lola.outputs import TEMP_PREFIX
+from tests.hostile.common import refused, snapshot, write_random_maps
+
+transformers = pytest.importorskip("transformers")
+
+# --- feature-map folders -------------------------------------------------------------------
+
+
+def _write(folder, seed=0, **kwargs):
+    write_random_maps(folder, seed, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["feature_maps.safetensors", "report.json", "finetune_report.json", "lora.safetensors"])
+def test_maps_are_not_written_over_another_tools_files(tmp_path, name):
+    out = tmp_path / "maps"
+    out.mkdir()
+    (out / name).write_bytes(b"someone else's")
+    with pytest.raises(ValueError, match="not written by lola linearize"):
+        _write(out, reports={"report.json": {"ok": 1}})
+    assert snapshot(out) == {name: b"someone else's"}
+
+
+def test_maps_are_not_written_through_links(tmp_path):
+    out = tmp_path / "maps"
+    _write(out)
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"precious")
+    (out / "feature_maps.safetensors").unlink()
+    (out / "feature_maps.safetensors").symlink_to(victim)
+    with pytest.raises(ValueError, match="symbolic link"):
+        _write(out, seed=1)
+    assert victim.read_bytes() == b"precious"
+
+
+def test_a_folder_mixed_from_two_runs_is_refused(tmp_path):
+    from lola.pretrained.folder import read_feature_maps
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write(a, seed=0, reports={"report.json": {"run": "a"}})
+    _write(b, seed=1, reports={"report.json": {"run": "b"}})
+    read_feature_maps(a)
+    own = (a / "feature_maps.safetensors").read_bytes()
+    shutil.copyfile(b / "feature_maps.safetensors", a / "feature_maps.safetensors")  # a crash between two renames, or a copy by hand
+    with pytest.raises(ValueError, match="feature_maps.safetensors is not the file lola_config.json records"):
+        read_feature_maps(a)
+    (a / "feature_maps.safetensors").write_bytes(own)
+    shutil.copyfile(b / "report.json", a / "report.json")
+    with pytest.raises(ValueError, match="report.json is not the file lola_config.json records"):
+        read_feature_maps(a)
+
+
+@pytest.mark.parametrize("files", [{"../x": "0" * 64}, {"feature_maps.safetensors": 3}, ["feature_maps.safetensors"]])
+def test_a_description_recording_odd_files_is_refused(tmp_path, files):
+    from lola.pretrained.folder import read_feature_maps
+
+    _write(tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "lola_config.json").read_text())
+    meta["files"] = files
+    (tmp_path / "m" / "lola_config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="files"):
+        read_feature_maps(tmp_path / "m")
+
+
+def test_rewriting_stage_1_removes_the_adapters_and_their_report(tmp_path):
+    from lola.pretrained.folder import read_feature_maps
+    from lola.pretrained.lora import LoraSpec
+
+    out = tmp_path / "m"
+    write_random_maps(out)
+    maps = read_feature_maps(out)
+    tensors, cfg, geometry = maps.tensors, maps.config, maps.geometry
+    from lola.pretrained.folder import write_feature_maps
+
+    lora = {"model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(2, 64), "model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(64, 2)}
+    write_feature_maps(out, tensors, cfg, geometry, reports={"report.json": {"stage": 1}})
+    write_feature_maps(out, tensors, cfg, geometry, lora=lora, lora_spec=LoraSpec(rank=2, alpha=4.0), reports={"finetune_report.json": {"stage": 2}})
+    assert read_feature_maps(out).lora is not None and (out / "report.json").exists()  # stage 1's report is kept, and recorded
+    write_feature_maps(out, tensors, cfg, geometry, reports={"report.json": {"stage": 1, "again": True}})
+    assert sorted(p.name for p in out.iterdir()) == ["feature_maps.safetensors", "lola_config.json", "report.json"]
+    assert read_feature_maps(out).lora is None
+
+
+@pytest.mark.parametrize("name", ["report.json", "feature_maps.safetensors", "lora.safetensors"])
+def test_linearize_refuses_a_folder_with_foreign_files_before_loading(name, tmp_path, capsys, no_model):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / name).write_bytes(b"{}")
+    before = snapshot(out)
+    refused(capsys, ["linearize", "--quick", "--stage", "1", "--out", str(out)], f"{name} was not written by lola linearize")
+    assert snapshot(out) == before
+
+
+def test_checkpoints_are_not_written_through_links(tmp_path):
+    from lola.linearize.checkpoint import write_checkpoint
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "checkpoint.pt").symlink_to(victim)
+    with pytest.raises(ValueError, match="symbolic link"):
+        write_checkpoint(tmp_path / "checkpoint.pt", {"step": 1})
+    assert victim.read_bytes() == b"precious"
+    (tmp_path / "checkpoint.pt").unlink()
+    write_checkpoint(tmp_path / "checkpoint.pt", {"step": 1})
+    write_checkpoint(tmp_path / "checkpoint.pt", {"step": 2})  # replaced, atomically, with its sum
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX) or p.suffix == ".tmp"]
+
+
+# --- lola niah, lola perplexity, lola calibrate -----------------------------------------------
+
+NIAH = ["niah", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "2", "--methods", "full", "--max-new-tokens", "1"]
+
+
+@pytest.mark.parametrize("name", ["results.json", "samples.jsonl", "accuracy.png", "cache_bytes.png"])
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_niah_refuses_links_and_folders_in_a_result_files_place(name, kind, tmp_path, capsys, no_model):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    if kind == "link":
+        (out / name).symlink_to(victim)
+        refused(capsys, [*NIAH, "--out", str(out)], f"{name} is a symbolic link")
+    else:
+        (out / name).mkdir()
+        refused(capsys, [*NIAH, "--out", str(out)], f"{name} exists and is not a plain file")
+    assert victim.read_text() == "precious"
+
+
+def test_perplexity_out_leaves_a_foreign_temporary_file_alone(tmp_path, capsys):
+    out = tmp_path / "ppl.json"
+    foreign_tmp = tmp_path / "ppl.json.tmp"  # the fixed temporary name earlier versions used
+    foreign_tmp.write_text("someone's draft")
+    argv = ["perplexity", "--model", "tiny-random-llama", "--lengths", "64", "--windows", "1", "--generate", "0", "--methods", "full"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert foreign_tmp.read_text() == "someone's draft"
+    assert json.loads(out.read_text())["format"] == "lola-perplexity-results"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_perplexity_and_calibrate_refuse_links(tmp_path, capsys, no_model):
+    victim = tmp_path / "victim.json"
+    victim.write_text("{}")
+    (tmp_path / "link.json").symlink_to(victim)
+    refused(capsys, ["perplexity", "--model", "tiny-random-llama", "--out", str(tmp_path / "link.json")], "symbolic link")
+    refused(capsys, ["calibrate", "--model", "tiny-random-llama", "--out", str(tmp_path / "link.json")], "symbolic link")
+    assert victim.read_text() == "{}"
+
+
+def test_budgets_save_refuses_foreign_files_and_links(tmp_path):
+    from lola import budgets
+
+    b = budgets.load("smollm2-135m-instruct")
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": 1}')
+    with pytest.raises(ValueError, match="notes.json exists and was not written by lola calibrate"):
+        b.save(foreign)
+    assert foreign.read_text() == '{"mine": 1}'
+    (tmp_path / "link.json").symlink_to(foreign)
+    with pytest.raises(ValueError, match="symbolic link"):
+        b.save(tmp_path / "link.json")
+    b.save(tmp_path / "b.json")
+    b.save(tmp_path / "b.json")  # its own file: replaced
+    assert budgets.load(tmp_path / "b.json") == b
+
+
+# --- lm-eval export ----------------------------------------------------------------------------
+
+
+def _export(out, name="t"):
+    from lola.integrations.lm_eval.niah import export_niah
+    from lola.models import tiny_random
+
+    _, tok = tiny_random()
+    return export_niah(out, tok, lengths=[512], samples=1, name=name)
+
+
+@pytest.mark.parametrize("suffix", [".yaml", "_utils.py", ".jsonl"])
+def test_export_niah_refuses_foreign_files_by_name_and_writes_nothing(tmp_path, suffix):
+    out = tmp_path / "tasks"
+    out.mkdir()
+    (out / f"t{suffix}").write_text("import os  # someone's module\n")
+    with pytest.raises(ValueError, match=rf"t{suffix} exists and was not written by export-niah"):
+        _export(out)
+    assert snapshot(out) == {f"t{suffix}": b"import os  # someone's module\n"}
+
+
+def test_export_niah_replaces_its_own_files_and_refuses_links(tmp_path):
+    out = tmp_path / "tasks"
+    first = _export(out)
+    before = snapshot(out)
+    assert _export(out) == first and snapshot(out) == before  # the same export again: replaced in place
+    victim = tmp_path / "victim.py"
+    victim.write_text("precious")
+    (out / "t_utils.py").unlink()
+    (out / "t_utils.py").symlink_to(victim)
+    with pytest.raises(ValueError, match="symbolic link"):
+        _export(out)
+    assert victim.read_text() == "precious"
+
+
+def test_export_niah_refuses_an_out_that_is_a_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="afile is a file, not a folder"):
+        _export(tmp_path / "afile")

@@ -1,0 +1,136 @@
+"""``lola.outputs.write_files``: the one way lola writes files.
+
+Each property is checked on the helper itself; tests/test_hostile_inputs.py checks that every
+writer of the library and the commands goes through it (caches, feature-map folders,
+checkpoints, results, budgets, exported tasks).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import lola.outputs
+from lola.outputs import TEMP_PREFIX, check_target, write_files
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink()}
+
+
+def test_writes_every_kind_of_content_in_order(tmp_path):
+    order = []
+    real = os.replace
+
+    def record(src, dst):
+        order.append(Path(dst).name)
+        real(src, dst)
+
+    lola.outputs.os.replace, saved = record, lola.outputs.os.replace
+    try:
+        paths = write_files(tmp_path / "new" / "deep", {"a.bin": b"\x00\x01", "b.txt": "héllo", "c.dat": lambda p: p.write_bytes(b"fn")})
+    finally:
+        lola.outputs.os.replace = saved
+    assert order == ["a.bin", "b.txt", "c.dat"]
+    assert [p.name for p in paths] == order
+    assert _listing(tmp_path / "new" / "deep") == {"a.bin": b"\x00\x01", "b.txt": "héllo".encode(), "c.dat": b"fn"}
+
+
+@pytest.mark.parametrize("fail_at", [0, 1, 2])
+def test_a_failure_while_writing_leaves_the_previous_files_and_no_temporaries(tmp_path, fail_at):
+    write_files(tmp_path, {"a": b"old a", "b": b"old b", "c": b"old c"})
+    before = _listing(tmp_path)
+
+    def boom(path):
+        path.write_bytes(b"half")
+        raise OSError("disk full")
+
+    contents = [b"new a", b"new b", b"new c"]
+    contents[fail_at] = boom
+    with pytest.raises(OSError, match="disk full"):
+        write_files(tmp_path, dict(zip("abc", contents)))
+    assert _listing(tmp_path) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_a_kill_during_the_renames_leaves_whole_files_only(tmp_path, monkeypatch):
+    write_files(tmp_path, {"a": b"old a", "b": b"old b"})
+    real = os.replace
+    calls = []
+
+    def killed_after_first(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(lola.outputs.os, "replace", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        write_files(tmp_path, {"a": b"new a", "b": b"new b"})
+    assert _listing(tmp_path) == {"a": b"new a", "b": b"old b"}  # each file whole; the group order decides
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "dangling"])
+def test_links_in_a_targets_place_are_refused_and_not_followed(tmp_path, kind):
+    victim = tmp_path / "victim"
+    if kind == "file":
+        victim.write_text("precious")
+    elif kind == "folder":
+        victim.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "result.json").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"result.json is a symbolic link"):
+        write_files(out, {"other.json": "{}", "result.json": "{}"})
+    assert not (out / "other.json").exists()  # refused before anything was written
+    if kind == "file":
+        assert victim.read_text() == "precious"
+    assert (out / "result.json").is_symlink()
+
+
+def test_foreign_files_are_refused_by_name_before_anything_is_written(tmp_path):
+    (tmp_path / "b.json").write_text('{"someone": "else"}')
+    ours = lambda p: b"lola" in p.read_bytes()  # noqa: E731
+    with pytest.raises(ValueError, match=r"b.json exists and was not written by tester"):
+        write_files(tmp_path, {"a.json": "lola a", "b.json": "lola b"}, ours=ours, writer="tester")
+    assert _listing(tmp_path) == {"b.json": b'{"someone": "else"}'}
+    (tmp_path / "b.json").write_text("lola's earlier b")
+    write_files(tmp_path, {"a.json": "lola a", "b.json": "lola b"}, ours=ours)
+    assert _listing(tmp_path) == {"a.json": b"lola a", "b.json": b"lola b"}
+
+
+@pytest.mark.parametrize("name", ["../escape", "sub/file", "/abs", "", ".", "..", 3])
+def test_names_must_be_plain_file_names(tmp_path, name):
+    with pytest.raises(ValueError, match="is not a plain file name"):
+        write_files(tmp_path, {name: b"x"})
+    with pytest.raises(ValueError, match="is not a plain file name"):
+        write_files(tmp_path, {"ok": b"x"}, remove=[name])
+    assert not (tmp_path.parent / "escape").exists()
+
+
+def test_a_folder_in_a_files_place_or_a_file_in_the_folders_place(tmp_path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ValueError, match="taken exists and is not a plain file"):
+        write_files(tmp_path, {"taken": b"x"})
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="afile is a file, not a folder"):
+        write_files(tmp_path / "afile", {"y": b"y"})
+
+
+def test_superseded_files_are_removed_after_the_group_is_in_place(tmp_path):
+    write_files(tmp_path, {"data-1": b"1", "index": b"data-1"})
+    (tmp_path / "link").symlink_to(tmp_path / "index")
+    write_files(tmp_path, {"data-2": b"2", "index": b"data-2"}, remove=["data-1", "missing", "link"])
+    assert _listing(tmp_path) == {"data-2": b"2", "index": b"data-2"}
+    assert (tmp_path / "link").is_symlink()  # links are never followed, nor removed
+
+
+def test_check_target_accepts_missing_and_plain_files(tmp_path):
+    check_target(tmp_path / "missing")
+    (tmp_path / "plain").write_text("x")
+    check_target(tmp_path / "plain")
+    with pytest.raises(ValueError, match="was not written by me"):
+        check_target(tmp_path / "plain", ours=lambda p: False, writer="me")

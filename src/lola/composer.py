@@ -540,6 +540,7 @@ class LoLAMemory:
         scores = self.policy.score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
         if scores.shape != candidates.pos.shape:
             raise ValueError(f"policy {self.policy!r} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
+        _check_scores(scores, candidates.valid, self.policy)
         evicted = self.sparse.select(candidates, scores, rows)
         g = ctx.group(evicted)
         return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g)
@@ -579,6 +580,18 @@ def _scatter_into(out_e: SoftmaxPartial, out_l: LinearPartial, e: SoftmaxPartial
     for dst, src in ((out_e.num, e.num), (out_e.den, e.den), (out_e.max, e.max), (out_l.num, l.num), (out_l.den, l.den)):
         full = idx.view(idx.shape[0], 1, idx.shape[1], *([1] * (dst.dim() - 3))).expand_as(src)
         dst.scatter_(2, full, src)
+
+
+def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> None:
+    """Refuse NaN scores of real candidates: a top-k over NaN keeps tokens in slot order, a
+    silent change of policy. Once per select step (not per token under the chunkwise schedule);
+    on accelerators an asynchronous assert, so the step does not wait for the device."""
+    bad = torch.isnan(scores) & valid
+    if scores.device.type == "cpu":
+        if bool(bad.any()):
+            raise ValueError(f"policy {policy!r} returned NaN scores for {int(bad.sum())} candidates")
+    else:
+        torch._assert_async(~bad.any(), f"policy {policy!r} returned NaN scores")
 
 
 def check_state(state: dict[str, torch.Tensor]) -> None:

@@ -119,6 +119,13 @@ class LoLAConfig(BaseModel):
                 if entry:
                     out[i] = dict(entry)
             return out
+        if isinstance(value, Mapping):  # "0" and 0 name one layer: refuse both rather than keep one
+            seen: dict[Any, Any] = {}
+            for key in value:
+                index = _layer_index(key)
+                if index in seen:
+                    raise ValueError(f"layer_overrides names layer {index} twice ({seen[index]!r} and {key!r})")
+                seen[index] = key
         return value
 
     @field_validator("layer_overrides")
@@ -138,7 +145,7 @@ class LoLAConfig(BaseModel):
     def _non_negative_layers(cls, value: list[int]) -> list[int]:
         if any(i < 0 for i in value):
             raise ValueError(f"layer indices must be >= 0, got {value}")
-        return sorted(set(value))
+        return sorted(set(value))  # a set of layers: a repeat changes nothing
 
     @model_validator(mode="after")
     def _overrides_are_valid(self) -> "LoLAConfig":

@@ -123,3 +123,41 @@ def test_a_saved_cache_with_a_damaged_state_is_refused(tmp_path):
     (tmp_path / "c" / "cache.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"layer 0's state does not fit .*linear.s'\] holds non-finite values"):
         LoLACache.load(tmp_path / "c", model)
+
+
+def test_a_policy_returning_nan_scores_is_refused():
+    from dataclasses import dataclass
+
+    from lola.policies import register, unregister
+
+    @dataclass(frozen=True)
+    class NanScores:
+        needs_attention = False
+
+        def score(self, candidates, ctx):
+            return torch.full(candidates.pos.shape, float("nan"))
+
+    register("nan_scores_test", NanScores)
+    try:
+        attn = compose(lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, policy="nan_scores_test"), num_heads=4, head_dim=8, num_kv_heads=2)
+        x = torch.randn(1, 40, 4, 8)
+        with pytest.raises(ValueError, match="returned NaN scores for"):
+            attn(x, x[:, :, :2], x[:, :, :2])
+    finally:
+        unregister("nan_scores_test")
+
+
+def test_a_forward_with_another_models_cache_is_refused():
+    from lola.integrations.transformers import LoLACache, apply_lola
+    from lola.models import tiny_random
+
+    ids = torch.randint(0, 100, (1, 20))
+    a, b = tiny_random()[0], tiny_random()[0]
+    for m in (a, b):
+        apply_lola(m, lola.LoLAConfig(window=8, sparse_size=4, sinks=2))
+    cache = LoLACache(a)
+    with torch.no_grad():
+        a(ids, cache=cache)
+        with pytest.raises(ValueError, match="another model's LoLACache"):
+            b(ids[:, -1:], cache=cache)
+        a(ids[:, -1:], cache=cache)  # its own model still extends it

@@ -222,7 +222,12 @@ def calibrate(
 
     Returns:
         :class:`lola.budgets.HeadBudgets` whose total never exceeds ``sparse_size`` per head.
+
+    Raises:
+        ValueError: ``length`` beyond the model's positions, or a ``power`` that is not a finite
+            number >= 0 (before any prompt runs).
     """
+    import math
     import platform
     import time
 
@@ -232,6 +237,11 @@ def calibrate(
     import lola
     from lola.budgets import HeadBudgets, allocate
 
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if positions and length > positions:
+        raise ValueError(f"length {length} exceeds what the model can hold ({positions} positions)")
+    if isinstance(power, bool) or not isinstance(power, (int, float)) or not math.isfinite(power) or power < 0:
+        raise ValueError(f"power must be a finite number >= 0, got {power!r}")
     t0 = time.perf_counter()
     items = calibration_prompts(tokenizer, length, prompts, seed)
     scores = retrieval_scores(model, items, progress=lambda xs: tqdm(xs, desc="calibrate", disable=not progress))

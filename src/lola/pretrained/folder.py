@@ -319,7 +319,14 @@ def check_tensors(tensors: dict[str, torch.Tensor], geometry: dict, path: str | 
         m = _TENSOR_KEY.search(key)
         if m is None:
             raise ValueError(f"{path} holds {key!r}, which is not a feature-map tensor (layers.{{i}}.self_attn.feature_map_q.mlp.layer, …, window_factors)")
-        by_layer.setdefault(int(m.group(1)), {})[m.group(2)] = tensor
+        if not tensor.is_floating_point():
+            raise ValueError(f"{path}: tensor {key!r} is {tensor.dtype}, expected floating point (integer or bool values would be cast)")
+        found = by_layer.setdefault(int(m.group(1)), {})
+        if m.group(2) in found:
+            raise ValueError(
+                f"{path} holds two tensors for layer {m.group(1)}'s {m.group(2)} (under different prefixes; {key!r} is the second): one would silently win"
+            )
+        found[m.group(2)] = tensor
     layers, heads, head_dim = geometry["num_layers"], geometry["num_heads"], geometry["head_dim"]
     extra = sorted(i for i in by_layer if i >= layers)
     if extra:

@@ -41,20 +41,27 @@ def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor
         m = _KEY.match(key)
         if m is None:
             raise ValueError(f"unexpected LoRA tensor {key!r} (expected …layers.{{i}}.self_attn.{{q,k,v,o}}_proj.lora_{{A,B}}.weight)")
-        pairs.setdefault(m.group(1), {})[m.group(2)] = t
+        if not t.is_floating_point():
+            raise ValueError(f"LoRA tensor {key!r} is {t.dtype}, expected floating point (integer or bool values would be cast)")
+        half = pairs.setdefault(m.group(1), {})
+        if m.group(2) in half:
+            raise ValueError(f"two LoRA tensors for {m.group(1)}.lora_{m.group(2)} (under different prefixes; {key!r} is the second): one would silently win")
+        half[m.group(2)] = t
     for name, ab in pairs.items():
         if set(ab) != {"A", "B"}:
             raise ValueError(f"LoRA tensors of {name} lack lora_{'B' if 'A' in ab else 'A'}")
     return pairs
 
 
-def merge_lora(model: torch.nn.Module, tensors: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, torch.Tensor]:
+def merge_lora(model: torch.nn.Module, tensors: dict[str, torch.Tensor], spec: LoraSpec, layers: set[int] | None = None) -> dict[str, torch.Tensor]:
     """Add ``scaling · B A`` to every adapted projection of ``model`` (in place).
 
     Args:
         model: a transformers Llama-family model (no peft layers).
         tensors: peft-named ``lora_A`` ``[r, in]`` / ``lora_B`` ``[out, r]`` weights.
         spec: the adapters' rank and alpha.
+        layers: merge only into these layers (``None``: all); the adapters of a layer kept as
+            stock attention were trained for a hybrid it no longer runs.
 
     Returns:
         ``{parameter name: original weight}`` for :func:`restore_weights`.
@@ -66,6 +73,8 @@ def merge_lora(model: torch.nn.Module, tensors: dict[str, torch.Tensor], spec: L
     by_suffix = {name.split("model.", 1)[-1] if "layers." in name else name: name for name in params}
     plan = []
     for target, ab in sorted(_pairs(tensors).items()):
+        if layers is not None and int(target.split(".")[1]) not in layers:
+            continue
         name = by_suffix.get(f"{target}.weight")
         if name is None:
             raise ValueError(f"the LoRA weights adapt {target}, which this model does not have")

@@ -30,7 +30,7 @@ from lm_eval.models.huggingface import HFLM
 
 from lola.config import LoLAConfig
 
-__all__ = ["LOLA_ARGS", "LoLALM", "byte_tokenizer", "lola_config_from_args", "read_lola_config"]
+__all__ = ["LOLA_ARGS", "LoLALM", "byte_tokenizer", "check_model_args", "lola_config_from_args", "parse_flag", "read_lola_config"]
 
 #: model_args that :class:`LoLALM` takes besides ``HFLM``'s and :class:`~lola.LoLAConfig`'s fields.
 LOLA_ARGS = ("lola_config", "feature_maps", "budgets", "apply_lola")
@@ -152,6 +152,41 @@ def _device(device: str | None) -> str:
     return str(device)
 
 
+def parse_flag(name: str, value: Any) -> bool:
+    """A boolean model_arg: ``True``/``False``, or lm-eval's text (``true``/``false``, ``yes``/``no``,
+    ``1``/``0``, ``on``/``off``, any case); anything else is an error naming it (``bool("no")`` is
+    true, so text is never cast)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"model_args {name} must be true or false, got {value!r}")
+
+
+def check_model_args(kwargs: dict[str, Any], registered: bool) -> None:
+    """Refuse model_args that are typos of a known one (for any model), and any name neither
+    LoLA nor ``HFLM`` takes for a registered model (whose loading does not use them).
+
+    ``HFLM`` passes unknown keyword arguments to ``from_pretrained`` for Hub or folder models,
+    so there an unknown name is only refused when it is one edit away from a known name.
+    """
+    import difflib
+    import inspect
+
+    hflm = {p for p in inspect.signature(HFLM.__init__).parameters if p not in ("self", "kwargs")}
+    known = hflm | set(LoLAConfig.model_fields) | set(LOLA_ARGS)
+    for key in kwargs:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
+        if close or registered:
+            hint = f"; did you mean {close[0]!r}?" if close else f" (LoLA's: {', '.join(LOLA_ARGS)}, LoLAConfig fields, or HFLM's)"
+            raise ValueError(f"unknown model_args {key!r}{hint}")
+
+
 class LoLALM(HFLM):
     """lm-eval's ``HFLM`` with :func:`~lola.integrations.transformers.apply_lola` applied.
 
@@ -180,12 +215,14 @@ class LoLALM(HFLM):
         lola_config: str | os.PathLike | dict | LoLAConfig | None = None,
         feature_maps: Any = None,
         budgets: str | None = "auto",
-        apply_lola: bool = True,
+        apply_lola: bool | str = True,
         **kwargs: Any,
     ) -> None:
+        apply_lola = parse_flag("apply_lola", apply_lola)
         fields = {k: kwargs.pop(k) for k in list(kwargs) if k in LoLAConfig.model_fields}
-        kwargs["device"] = _device(kwargs.get("device"))
         name = pretrained if _registered(pretrained) else None
+        check_model_args(kwargs, registered=name is not None)
+        kwargs["device"] = _device(kwargs.get("device"))
         cfg = maps = None
         if apply_lola:  # a bad config fails before the model loads
             cfg, maps = lola_config_from_args(lola_config, model_name=name, feature_maps=feature_maps, budgets=budgets, **fields)

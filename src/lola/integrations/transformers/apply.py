@@ -112,7 +112,7 @@ def apply_lola(
             if maps.lora is not None:
                 from lola.pretrained.lora import merge_lora
 
-                model._lola.merged_weights = merge_lora(model, maps.lora, maps.lora_spec)
+                model._lola.merged_weights = merge_lora(model, maps.lora, maps.lora_spec, layers=set(by_layer))  # not into full-attention layers
         except Exception:
             remove_lola(model)  # leave the model as it came
             raise

@@ -83,6 +83,12 @@ def lola_attention_forward(
     layer = _ANNOUNCED.get()
     if layer is not None and layer.pending_key is not key:
         layer = None  # announced for another call: this forward runs without a cache
+    if layer is not None and getattr(layer, "owner", None) is not None and layer.owner() is not lola_attn:
+        _ANNOUNCED.set(None)
+        raise ValueError(
+            f"LoLA layer {getattr(module, 'layer_idx', '?')} was given another model's LoLACache (or one from before LoLA was re-applied): "
+            "build one with LoLACache(model)"
+        )
     state = None if layer is None else layer.state
     q_len = query.shape[2]
     o, state = lola_attn(

@@ -35,11 +35,13 @@ class LoLACacheLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self) -> None:
+    def __init__(self, owner: torch.nn.Module | None = None) -> None:
         super().__init__()
         self.state: LoLAMemory | None = None
         self.cumulative_length = 0
         self.pending_key: torch.Tensor | None = None
+        # the LoLA layer whose state this is: another model's layer must not read or extend it
+        self.owner = None if owner is None else weakref.ref(owner)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -119,7 +121,7 @@ class LoLACache(Cache):
         info = applied(model, needed_by="LoLACache")
         self.fingerprint = dict(info.fingerprint)
         full = set(info.full_attention_layers)
-        layers = [DynamicLayer() if i in full else LoLACacheLayer() for i in range(info.num_layers)]
+        layers = [DynamicLayer() if i in full else LoLACacheLayer(info.modules.get(i)) for i in range(info.num_layers)]
         super().__init__(layers=layers)
         self._lola_modules = info.modules
         self._applied = info

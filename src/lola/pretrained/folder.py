@@ -26,6 +26,7 @@ import torch
 from lola.config import LoLAConfig
 from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_LAYERS
 from lola.pretrained.lora import LORA_FILE, LoraSpec
+from lola.pretrained.tensors import group_tensors
 
 __all__ = [
     "CONFIG_FILE",
@@ -314,19 +315,8 @@ def check_tensors(tensors: dict[str, torch.Tensor], geometry: dict, path: str | 
     ``feature_map_k.mlp.layer`` (``[H, D, f]``) and ``window_factors`` (``H`` values); no other
     tensor may be present, and all values must be finite. Errors name ``path``.
     """
-    by_layer: dict[int, dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        m = _TENSOR_KEY.search(key)
-        if m is None:
-            raise ValueError(f"{path} holds {key!r}, which is not a feature-map tensor (layers.{{i}}.self_attn.feature_map_q.mlp.layer, …, window_factors)")
-        if not tensor.is_floating_point():
-            raise ValueError(f"{path}: tensor {key!r} is {tensor.dtype}, expected floating point (integer or bool values would be cast)")
-        found = by_layer.setdefault(int(m.group(1)), {})
-        if m.group(2) in found:
-            raise ValueError(
-                f"{path} holds two tensors for layer {m.group(1)}'s {m.group(2)} (under different prefixes; {key!r} is the second): one would silently win"
-            )
-        found[m.group(2)] = tensor
+    grouped = group_tensors(tensors, _TENSOR_KEY, str(path), "a feature-map tensor (layers.{i}.self_attn.feature_map_q.mlp.layer, …, window_factors)")
+    by_layer = {int(i): parts for i, parts in grouped.items()}
     layers, heads, head_dim = geometry["num_layers"], geometry["num_heads"], geometry["head_dim"]
     extra = sorted(i for i in by_layer if i >= layers)
     if extra:

@@ -14,6 +14,8 @@ import re
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from lola.pretrained.tensors import group_tensors
+
 __all__ = ["LORA_FILE", "LoraSpec", "merge_lora", "restore_weights"]
 
 LORA_FILE = "lora.safetensors"
@@ -36,17 +38,7 @@ class LoraSpec(BaseModel):
 
 def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
     """``{"layers.{i}.self_attn.q_proj": {"A": …, "B": …}}``; a lone half is an error."""
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, t in tensors.items():
-        m = _KEY.match(key)
-        if m is None:
-            raise ValueError(f"unexpected LoRA tensor {key!r} (expected …layers.{{i}}.self_attn.{{q,k,v,o}}_proj.lora_{{A,B}}.weight)")
-        if not t.is_floating_point():
-            raise ValueError(f"LoRA tensor {key!r} is {t.dtype}, expected floating point (integer or bool values would be cast)")
-        half = pairs.setdefault(m.group(1), {})
-        if m.group(2) in half:
-            raise ValueError(f"two LoRA tensors for {m.group(1)}.lora_{m.group(2)} (under different prefixes; {key!r} is the second): one would silently win")
-        half[m.group(2)] = t
+    pairs = group_tensors(tensors, _KEY, "the LoRA weights", "a LoRA tensor (…layers.{i}.self_attn.{q,k,v,o}_proj.lora_{A,B}.weight)")
     for name, ab in pairs.items():
         if set(ab) != {"A", "B"}:
             raise ValueError(f"LoRA tensors of {name} lack lora_{'B' if 'A' in ab else 'A'}")

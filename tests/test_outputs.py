@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import lola.outputs
-from lola.outputs import TEMP_PREFIX, check_target, write_files
+from lola.outputs import PENDING_FILE, TEMP_PREFIX, check_target, read_json, write_files
 
 
 def _listing(folder: Path) -> dict[str, bytes]:
@@ -33,8 +33,8 @@ def test_writes_every_kind_of_content_in_order(tmp_path):
         paths = write_files(tmp_path / "new" / "deep", {"a.bin": b"\x00\x01", "b.txt": "héllo", "c.dat": lambda p: p.write_bytes(b"fn")})
     finally:
         lola.outputs.os.replace = saved
-    assert order == ["a.bin", "b.txt", "c.dat"]
-    assert [p.name for p in paths] == order
+    assert order == [PENDING_FILE, "a.bin", "b.txt", "c.dat"]  # the journal first, then the group
+    assert [p.name for p in paths] == order[1:]
     assert _listing(tmp_path / "new" / "deep") == {"a.bin": b"\x00\x01", "b.txt": "héllo".encode(), "c.dat": b"fn"}
 
 
@@ -52,24 +52,6 @@ def test_a_failure_while_writing_leaves_the_previous_files_and_no_temporaries(tm
     with pytest.raises(OSError, match="disk full"):
         write_files(tmp_path, dict(zip("abc", contents)))
     assert _listing(tmp_path) == before
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
-
-
-def test_a_kill_during_the_renames_leaves_whole_files_only(tmp_path, monkeypatch):
-    write_files(tmp_path, {"a": b"old a", "b": b"old b"})
-    real = os.replace
-    calls = []
-
-    def killed_after_first(src, dst):
-        calls.append(dst)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        real(src, dst)
-
-    monkeypatch.setattr(lola.outputs.os, "replace", killed_after_first)
-    with pytest.raises(KeyboardInterrupt):
-        write_files(tmp_path, {"a": b"new a", "b": b"new b"})
-    assert _listing(tmp_path) == {"a": b"new a", "b": b"old b"}  # each file whole; the group order decides
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
@@ -134,3 +116,81 @@ def test_check_target_accepts_missing_and_plain_files(tmp_path):
     check_target(tmp_path / "plain")
     with pytest.raises(ValueError, match="was not written by me"):
         check_target(tmp_path / "plain", ours=lambda p: False, writer="me")
+
+
+def _kill_after(n: int):
+    """An ``os.replace`` that does ``n`` renames and then dies (a kill between two renames)."""
+    real = os.replace
+    done = []
+
+    def replace(src, dst):
+        if len(done) == n:
+            raise KeyboardInterrupt  # not an Exception: nothing may clean up after a kill
+        done.append(dst)
+        real(src, dst)
+
+    return replace
+
+
+@pytest.mark.parametrize("renames", [0, 1, 2])
+def test_a_group_cut_between_renames_is_finished_by_the_next_reader_or_writer(tmp_path, monkeypatch, renames):
+    from lola.outputs import finish_pending
+
+    write_files(tmp_path, {"data.bin": b"old data", "meta.json": b'{"v": "old"}'})
+    monkeypatch.setattr(lola.outputs.os, "replace", _kill_after(renames))
+    with pytest.raises(KeyboardInterrupt):
+        write_files(tmp_path, {"data.bin": b"new data", "meta.json": b'{"v": "new"}'}, remove=["gone.txt"])
+    monkeypatch.undo()
+    listing = _listing(tmp_path)
+    if renames <= 1:  # the journal, at most, was renamed: no file of the group yet
+        assert (listing["data.bin"], listing["meta.json"]) == (b"old data", b'{"v": "old"}')
+    assert finish_pending(tmp_path) == (PENDING_FILE in listing)
+    listing = _listing(tmp_path)
+    assert PENDING_FILE not in listing and not any(n.startswith(TEMP_PREFIX) for n in listing)
+    assert (listing["data.bin"], listing["meta.json"]) in ((b"old data", b'{"v": "old"}'), (b"new data", b'{"v": "new"}'))
+
+
+def test_a_cut_group_is_finished_before_the_next_write(tmp_path, monkeypatch):
+    write_files(tmp_path, {"a": b"1", "b": b"1"})
+    monkeypatch.setattr(lola.outputs.os, "replace", _kill_after(2))  # the journal and "a"
+    with pytest.raises(KeyboardInterrupt):
+        write_files(tmp_path, {"a": b"2", "b": b"2"})
+    monkeypatch.undo()
+    assert _listing(tmp_path)["b"] == b"1" and (tmp_path / PENDING_FILE).is_file()
+    write_files(tmp_path, {"c": b"3"})
+    assert {k: v for k, v in _listing(tmp_path).items()} == {"a": b"2", "b": b"2", "c": b"3"}
+
+
+@pytest.mark.parametrize(
+    "journal",
+    [b"not json", b'{"renames": [["../x", "y"]]}', b'{"renames": [["%s", "../../etc/passwd"]]}' % TEMP_PREFIX.encode(), b'{"renames": [["x", "y"]]}'],
+)
+def test_a_journal_that_is_not_lola_s_is_refused_and_nothing_moves(tmp_path, journal):
+    from lola.outputs import finish_pending
+
+    (tmp_path / PENDING_FILE).write_bytes(journal)
+    (tmp_path / "x").write_text("keep")
+    with pytest.raises(ValueError, match="journal|lola's temporary"):
+        finish_pending(tmp_path)
+    assert (tmp_path / "x").read_text() == "keep" and (tmp_path / PENDING_FILE).read_bytes() == journal
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_readers_and_outputs_refuse_what_is_not_a_regular_file(tmp_path, kind):
+    from lola.outputs import check_output_file, check_regular_file
+
+    path = tmp_path / "thing.json"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(ValueError, match="thing.json"):
+        check_regular_file(path, "a JSON file")
+    with pytest.raises(ValueError, match="thing.json"):
+        read_json(path, "a JSON file")
+    with pytest.raises(ValueError, match="thing.json"):
+        check_output_file(path, "--out", ours=lambda p: p.read_bytes() == b"")  # never reads a FIFO
+
+
+def test_read_json_refuses_a_key_given_twice(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text('{"window": 8, "nested": {"a": 1, "a": 2}}')
+    with pytest.raises(ValueError, match=r"r.json.*'a' appears twice"):
+        read_json(path, "a results file")

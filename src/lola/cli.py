@@ -15,25 +15,25 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from lola.errors import about, describe_validation, option_name, report
+from lola.limits import MAX_TOKENS
 
 __all__ = ["main"]
-
-# Errors that bad input raises: reported as one line. KeyError and RuntimeError are reported the
-# same way (a registry lookup, a download's checksum) but with a pointer to --debug, since they
-# may also be bugs.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError)
-OTHER_REPORTED_ERRORS: tuple[type[BaseException], ...] = (KeyError, RuntimeError)
 
 PERPLEXITY_FORMAT = "lola-perplexity-results"
 
 
-def _check_int(option: str, value: Any, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) ``>= minimum``, else a ``ValueError`` naming ``option``."""
+def _check_int(option: str, value: Any, minimum: int, maximum: int = MAX_TOKENS) -> int:
+    """``value`` if it is an int (not a bool) in ``[minimum, maximum]``, else a ``ValueError``
+    naming ``option``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{option} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"{option} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{option} must be <= {maximum}, got {value}")
     return value
 
 
@@ -94,7 +94,8 @@ def _niah(args: argparse.Namespace) -> int:
         read_feature_maps(run.feature_maps)  # a damaged folder is named before the model loads
     from lola import models
 
-    model, tok = models.load(run.model)
+    with about("--model"):
+        model, tok = models.load(run.model)
     args.interrupted_hint = f"finished samples are kept in {Path(out) / SAMPLES_FILE}; run the same command again to resume"
     records = run_niah(run, model, tok, out, batch_size=batch_size)
     print(f"\n{run.task}, exact budget {run.budget} tokens (accuracy %, cache MiB)\n")
@@ -118,10 +119,11 @@ def _niah(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any) -> None:
+def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | None = None) -> None:
     """Refuse a ``lola linearize --out`` folder that cannot be written, holds another tool's
-    ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run."""
-    from lola.linearize.checkpoint import load_checkpoint
+    ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run
+    (for stage 2 alone, one of stage-1 maps other than ``stage1_maps``)."""
+    from lola.linearize.checkpoint import load_checkpoint, run_inputs
     from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
     from lola.linearize.transfer import CHECKPOINT_FILE
     from lola.outputs import check_output_folder, read_json
@@ -138,7 +140,8 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any) -> None:
         raise ValueError(f"{found} was not written by lola linearize (no {CONFIG_FILE} beside it); move it away or use another --out")
     stage2_ckpt = out / FINETUNE_CHECKPOINT_FILE
     if cfg2 is not None and stage2_ckpt.is_file():
-        load_checkpoint(stage2_ckpt, cfg2, "--stage2-steps")
+        inputs = run_inputs(cfg2, stage1_maps=stage1_maps) if cfg1 is None and stage1_maps is not None else None
+        load_checkpoint(stage2_ckpt, cfg2, "--stage2-steps", inputs)
     elif cfg1 is not None and (out / CHECKPOINT_FILE).is_file():
         load_checkpoint(out / CHECKPOINT_FILE, cfg1, "--steps")
 
@@ -193,9 +196,10 @@ def _linearize(args: argparse.Namespace) -> int:
     try:
         cfg2 = FinetuneConfig(**opts2) if args.stage in ("2", "all") else None
     except ValidationError as err:  # stage 2's fields by their options: its `lr` is --lora-lr
-        raise ValueError(_describe_validation(err, {f: a for a, f in stage2.items()})) from None
+        option_of = {f: a for a, f in stage2.items()}
+        raise ValueError(describe_validation(err, lambda f: option_name(option_of.get(f, f)))) from None
     out = Path(args.out)
-    _check_linearize_out(out, cfg1, cfg2)
+    _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
         from lola.pretrained.folder import CONFIG_FILE, read_feature_maps
         from lola.pretrained.shipped import SHIPPED
@@ -209,7 +213,8 @@ def _linearize(args: argparse.Namespace) -> int:
     from lola import models
     from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
 
-    model, tok = models.load(model_name)
+    with about("--model"):
+        model, tok = models.load(model_name)
     args.interrupted_hint = f"run the same command again to resume from the last checkpoint in {args.out}"
     if cfg1 is not None and cfg2 is not None and (out / FINETUNE_CHECKPOINT_FILE).is_file():
         print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
@@ -262,7 +267,8 @@ def _perplexity(args: argparse.Namespace) -> int:
         check_output_file(args.out, ours=_is_perplexity_results, writer="lola perplexity")
     from lola import models
 
-    model, tok = models.load(run.model)
+    with about("--model"):
+        model, tok = models.load(run.model)
     args.interrupted_hint = "nothing was written (perplexity runs do not resume)"
     results = run_perplexity(run, model, tok)
     from lola.data import describe
@@ -288,6 +294,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     for name in ("length", "prompts"):
         _check_int(f"--{name}", getattr(args, name), 1)
+    for name in ("sparse_size", "floor"):
+        _check_int(f"--{name.replace('_', '-')}", getattr(args, name), 0)
+    if args.floor > args.sparse_size:
+        raise ValueError(f"--floor must be <= --sparse-size ({args.sparse_size}), got {args.floor}")
     if not math.isfinite(args.power) or args.power < 0:
         raise ValueError(f"--power must be a finite number >= 0, got {args.power}")
     from lola.budgets import is_budgets_file
@@ -295,7 +305,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, ours=is_budgets_file, writer="lola calibrate")
     from lola import models
 
-    model, tok = models.load(args.model)
+    with about("--model"):
+        model, tok = models.load(args.model)
     args.interrupted_hint = "nothing was written"
     budgets = calibrate(
         model,
@@ -315,79 +326,23 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _read_config(path: str) -> dict:
-    """Options from a JSON or YAML file (keys are NiahRun fields); a missing, garbled or
-    truncated file is one error naming it."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as err:
-        raise FileNotFoundError(f"--config {path}: {err.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"--config {path} is not a text file ({err.reason} at byte {err.start})") from None
-    if path.endswith((".yaml", ".yml")):
-        import yaml
+    """Options from a JSON or YAML file (keys are NiahRun fields): :func:`lola.outputs.read_mapping`."""
+    from lola.outputs import read_mapping
 
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-            raise ValueError(f"--config {path} is not valid YAML ({getattr(err, 'problem', None) or type(err).__name__}{where})") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--config {path} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path} must hold a mapping of options, got {type(data).__name__}")
-    bad = [k for k in data if not isinstance(k, str)]
-    if bad:
-        raise ValueError(f"--config {path}: option names must be strings, got {bad[0]!r}")
-    return data
-
-
-def _describe_validation(err: Any, options: dict[str, str] | None = None) -> str:
-    """A pydantic ``ValidationError`` on one line, fields named as command-line options
-    (``options``: field → option destination, where the two differ, e.g. stage 2's ``lr`` is
-    ``--lora-lr``)."""
-    from pydantic import ValidationError
-
-    from lola.config import validation_summary
-
-    parts = []
-    for e in err.errors():
-        loc = [str(x) for x in e["loc"]]
-        if loc and options:
-            loc[0] = options.get(loc[0], loc[0])
-        option = f"--{loc[0].replace('_', '-')}" + "".join(f"[{x}]" for x in loc[1:]) if loc else ""
-        if e["type"] == "extra_forbidden":
-            parts.append(f"unknown option {loc[-1]!r}")
-            continue
-        inner = (e.get("ctx") or {}).get("error")
-        msg = validation_summary(inner) if isinstance(inner, ValidationError) else e["msg"].removeprefix("Value error, ")
-        if e["type"].endswith("_type") or e["type"] in ("finite_number", "less_than_equal", "greater_than_equal", "greater_than", "less_than"):
-            msg += f", got {e['input']!r}"
-        parts.append(f"{option}: {msg}" if option else msg)
-    return "; ".join(parts)
-
-
-def describe_error(err: BaseException) -> str:
-    """The one-line message for ``err``: its text (a ``KeyError``'s without quotes), newlines folded."""
-    import pydantic
-
-    if isinstance(err, pydantic.ValidationError):
-        text = _describe_validation(err)
-    elif isinstance(err, KeyError) and err.args:
-        text = str(err.args[0])
-    else:
-        text = str(err) or type(err).__name__
-    return " ".join(text.split())
+    return read_mapping(path, "--config")
 
 
 def _debug(args: argparse.Namespace) -> bool:
     """``--debug`` or ``LOLA_DEBUG`` set to anything but empty or ``0``: show tracebacks."""
     return bool(getattr(args, "debug", False)) or os.environ.get("LOLA_DEBUG", "") not in ("", "0")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the one-line errors of every other refusal: ``PROG: error: MESSAGE (see
+    PROG --help)``, exit status 2, instead of the usage block (subcommands inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
     from lola.methods import METHODS
 
-    parser = argparse.ArgumentParser(prog="lola", description="LoLA: linear attention that remembers.")
+    parser = OneLineParser(prog="lola", description="LoLA: linear attention that remembers.")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line (also LOLA_DEBUG=1)")
@@ -538,12 +493,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"lola {args.command}: error: needs {err.name}, from the {extra} extra: pip install 'lola[{extra}]'", file=sys.stderr)
         return 2
-    except USER_ERRORS + OTHER_REPORTED_ERRORS as err:
-        if _debug(args):
-            raise
-        more = " (run with --debug for the traceback)" if isinstance(err, OTHER_REPORTED_ERRORS) else ""
-        print(f"lola {args.command}: error: {describe_error(err)}{more}", file=sys.stderr)
-        return 2
+    except MemoryError as err:  # a state refused before allocation: name the options it comes from
+        sizes = [f"--{o.replace('_', '-')}" for o in ("window", "sparse_size", "sinks", "batch_size") if getattr(args, o, None) is not None]
+        hint = f" (set by {', '.join(sizes)})" if sizes else ""
+        return report(f"lola {args.command}", MemoryError(f"{err}{hint}"), debug=_debug(args))
+    except Exception as err:  # a user error: one line naming the input; anything else: a bug
+        return report(f"lola {args.command}", err, debug=_debug(args))
 
 
 if __name__ == "__main__":  # pragma: no cover

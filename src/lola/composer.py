@@ -16,6 +16,9 @@ which a step falls is read again after the step.
 
 from __future__ import annotations
 
+import copy
+from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -29,9 +32,34 @@ from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.schedules import UpdateSchedule
 
-__all__ = ["LoLAMemory", "check_state"]
+__all__ = ["LoLAMemory", "StateLayout", "check_state"]
+
+WORKING_COPIES = 3
+"""The memory a layer's state is checked against, in copies of the state: itself and the
+out-of-place copies a step makes of its exact memories."""
 
 FeatureFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """The geometry of a layer's state, declared by the layer it belongs to
+    (:meth:`lola.LoLAAttention.new_state`); :func:`check_state` compares a loaded state with
+    what a state of this geometry holds.
+
+    Attributes:
+        num_heads: query heads ``H`` (the linear state's heads).
+        storage_heads: heads the exact memories store (``H_kv``, or ``H`` per query head).
+        head_dim: ``D``.
+        feature_dim: ``F``, the size of ``φ(k)``.
+        non_negative: the key feature map's features are ``>= 0``, and so is ``linear.s``.
+    """
+
+    num_heads: int
+    storage_heads: int
+    head_dim: int
+    feature_dim: int
+    non_negative: bool = False
 
 
 class LoLAMemory:
@@ -57,7 +85,14 @@ class LoLAMemory:
         queries: running statistics of the layer's queries for the policy's
             :class:`~lola.policies.ScoringContext`; built automatically (with the policy's
             ``query_half_life``, default 64) when the policy sets ``needs_queries = True``.
-        layer: the layer's index in its model (given to the policy), or ``None``.
+        layer: the layer's index in its model (given to the policy), or ``None``; a layer
+            refuses a state of another index.
+
+    Attributes:
+        layout: the :class:`StateLayout` the owning layer declared (``None`` for a memory no
+            layer has taken yet): what a loaded state is checked against.
+        owner: a weak reference to the :class:`lola.LoLAAttention` that took this state (its
+            linear state sums that layer's features, so no other layer may read it), or ``None``.
     """
 
     def __init__(
@@ -100,6 +135,8 @@ class LoLAMemory:
             queries = QueryStatistics(getattr(policy, "query_half_life", 64.0))
         self.queries = queries
         self.layer = layer
+        self.layout: StateLayout | None = None
+        self.owner: Callable[[], object] | None = None
         self.seen = None
         self.num_heads = 0
         self._spec_checked: tuple | None = None  # (layer, parts) a layer last validated
@@ -129,8 +166,10 @@ class LoLAMemory:
         return (self.sinks, self.window, self.sparse, self.linear, self.policy, self.schedule, self.storage, self.queries)
 
     def spec(self) -> dict[str, object]:
-        """What a state must match to be used by a layer (capacities, policy, schedule, storage)."""
+        """What a state must match to be used by a layer (its index, capacities, policy,
+        schedule, storage)."""
         return {
+            "layer": self.layer,
             "sinks": self.sinks.capacity,
             "window": _describe(self.window),
             "max_pending": self.window.max_pending,
@@ -172,11 +211,13 @@ class LoLAMemory:
         linear = num_heads * (feature_dim + 1) * head_dim * 4 + (num_heads * (1 + head_dim + head_dim * head_dim) * 4 if self.queries is not None else 0)
         need = batch * (storage_heads * sum(slots.values()) * per_slot + linear)
         sizes = " + ".join(f"{name} {n}" for name, n in slots.items())
+        # A step builds out-of-place copies of the exact memories (the block it attends over, the
+        # buffers of an update): room for the state and two working copies of it is asked for.
         check_allocation(
-            need,
+            WORKING_COPIES * need,
             device,
             f"one layer's LoLA state ({sizes} slots × {storage_heads} K/V heads × head_dim {head_dim} in {dtype}, "
-            f"a {feature_dim}×{head_dim} linear state per head, batch {batch})",
+            f"a {feature_dim}×{head_dim} linear state per head, batch {batch}; with its {WORKING_COPIES - 1} working copies)",
         )
         for m in self.exact_memories:
             m.allocate(batch, storage_heads, head_dim, dtype, device, track)
@@ -200,8 +241,9 @@ class LoLAMemory:
         zeroed).
 
         With ``check`` (the default; rows reordered from this very state skip it) the state
-        must hold what a run could have written: finite values, ``seen >= 0``, and per row and
-        storage head stored positions ``< seen`` that no two exact slots share.
+        must hold what a run of this memory could have written (:func:`check_state`): its
+        keys, dtypes and shapes, finite values, ``seen >= 0``, non-negative normalisers, and per
+        row and storage head stored positions ``< seen`` that no two exact slots share.
 
         Raises:
             ValueError: naming the tensor and what is wrong.
@@ -209,7 +251,7 @@ class LoLAMemory:
         if "seen" not in state:
             raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
         if check:
-            check_state(state)
+            check_state(state, self)
         known = {"seen"}
         for m in self._stateful():
             part = {k.split(".", 1)[1]: t for k, t in state.items() if k.startswith(m.name + ".")}
@@ -223,6 +265,43 @@ class LoLAMemory:
         if not self.linear.allocated or self.seen.shape[0] != self.linear.state[0].shape[0]:
             raise ValueError("state is inconsistent: 'seen' and 'linear.H' disagree on the batch size")
         self.num_heads = self.linear.state[0].shape[1]
+
+    def reference_state(self, state: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], set[str]] | None:
+        """What a state of this memory holds, for :func:`check_state`: ``(tensors, follow)``.
+
+        Once allocated, its own tensors (``follow`` empty: every dtype is fixed). Before, the
+        tensors of a twin allocated for one row on the ``meta`` device (no memory is used),
+        for the :attr:`layout` its layer declared or, without one, the geometry read off
+        ``state``'s ``linear.H`` and ``window.k``; ``follow`` names the tensors whose dtype is
+        the keys' and values' (the twin is allocated twice, in two dtypes, to tell them).
+        ``None`` when neither tells the geometry, or when a custom part cannot be copied or
+        allocated on ``meta`` (the checks that need no reference still run).
+        """
+        if self.allocated:
+            return self.state_dict(), set()
+        layout = self.layout or _layout_of(state or {}, self.linear.name, self.window.name)
+        if layout is None:
+            return None
+        twins = []
+        for dtype in (torch.float16, torch.bfloat16):
+            try:
+                parts = copy.deepcopy((self.sinks, self.window, self.sparse, self.linear, self.queries))  # unallocated: no tensors to copy
+                twin = LoLAMemory(
+                    sinks=parts[0],
+                    window=parts[1],
+                    sparse=parts[2],
+                    linear=parts[3],
+                    queries=parts[4],
+                    policy=self.policy,
+                    schedule=self.schedule,
+                    storage=self.storage,
+                )
+                twin.allocate(1, layout.num_heads, layout.storage_heads, layout.head_dim, layout.feature_dim, dtype, torch.device("meta"))
+            except Exception:  # a custom part that cannot be copied or allocated on meta
+                return None
+            twins.append(twin.state_dict())
+        a, b = twins
+        return a, {k for k in a if a[k].dtype != b[k].dtype}
 
     # -- rows (sequence slots) -------------------------------------------------------------------
     def select_rows(self, index: torch.Tensor) -> None:
@@ -326,15 +405,18 @@ class LoLAMemory:
             else:
                 until = self.schedule.tokens_until_step(self.seen)
                 length = torch.minimum(until, remaining)
-                L = int(length.max())
+                stepping = (length == until) & (length > 0)
+                # One device read for the block's length, whether a step falls in it and the
+                # schedule's range (an answer of 0 would make empty blocks forever).
+                L, any_step, lo, hi = torch.stack([length.max(), stepping.any().long(), until.min(), until.max()]).tolist()
+                self._check_until(lo, hi)
+                L, any_step = int(L), bool(any_step)
                 j = torch.arange(L, device=device)
                 active = j[None, :] < length[:, None]  # [B, L]
                 idx = (offset[:, None] + j).clamp(max=t - 1)
                 pos = torch.where(active, self.seen[:, None] + j, -1)
                 whole = not packed and L == t and bool(active.all())  # one block covers the segment
                 q_c, fq_c, k_c, v_c = (qp, fqp, kp, vp) if whole else (_take(x, idx) for x in (qp, fqp, kp, vp))
-                stepping = (length == until) & (length > 0)
-                any_step = bool(stepping.any())
 
             taken = self.sinks.write(k_c, v_c, pos)
             self.window.append(k_c, v_c, torch.where(taken, -1, pos))
@@ -446,8 +528,10 @@ class LoLAMemory:
             stepping = seen.new_full(seen.shape, step, dtype=torch.bool) if step else None
             until = self._until - 1 or None
         else:
-            stepping = self.schedule.tokens_until_step(seen) == 1
-            stepping = stepping if bool(stepping.any()) else None
+            due = self.schedule.tokens_until_step(seen)
+            lo_until, hi_until = torch.stack([due.min(), due.max()]).tolist()  # the one read there was
+            self._check_until(lo_until, hi_until)
+            stepping = due == 1 if lo_until == 1 else None
             until = None
         self.seen = seen + 1
         self._seen_range, self._until = (lo + 1, hi + 1), until
@@ -496,9 +580,17 @@ class LoLAMemory:
 
     def _host_until(self, seen: torch.Tensor) -> int:
         until = int(self.schedule.tokens_until_step(seen)[0])
-        if not 1 <= until <= self.window.max_pending:
-            raise ValueError(f"schedule {self.schedule!r} returned {until} tokens until its step, expected 1..{self.window.max_pending} (its period)")
+        self._check_until(until, until)
         return until
+
+    def _check_until(self, lo: int, hi: int) -> None:
+        """Refuse a schedule whose answers (``lo..hi`` over the rows) leave ``1..period``: with 0
+        no block would ever end, beyond the period the window would overflow. Every path that
+        asks the schedule checks here."""
+        period = self.schedule.period
+        if lo < 1 or hi > period:
+            bad = lo if lo < 1 else hi
+            raise ValueError(f"schedule {self.schedule!r} returned {bad} tokens until its step, expected 1..{period} (its period)")
 
     def _read_exact(self, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, list[SoftmaxPartial]]:
         """The merged softmax partial of ``query`` over the exact memories (and, when
@@ -537,13 +629,30 @@ class LoLAMemory:
         leaving = self.window.pop_oldest(rows)
         candidates = KVBlock.cat([leaving, self.sparse.block])
         ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1, scale=scale, layer=self.layer, queries=self.queries)
-        scores = self.policy.score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
-        if scores.shape != candidates.pos.shape:
-            raise ValueError(f"policy {self.policy!r} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
+        scores = self._score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
         _check_scores(scores, candidates.valid, self.policy)
         evicted = self.sparse.select(candidates, scores, rows)
         g = ctx.group(evicted)
         return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g)
+
+    def _score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
+        """The policy's scores of ``candidates``; a plug-in's failure, or an answer that is not a
+        ``[B, Hs, N]`` tensor, is an error naming the policy (once per select step)."""
+        from lola.policies.registry import describe
+
+        try:
+            scores = self.policy.score(candidates, ctx)
+        except (MemoryError, torch.OutOfMemoryError):  # not the policy's fault: kept as it is
+            raise
+        except Exception as err:
+            raise RuntimeError(f"policy {describe(self.policy)} failed in score(): {type(err).__name__}: {err}") from err
+        if not isinstance(scores, torch.Tensor):
+            raise TypeError(
+                f"policy {describe(self.policy)} returned a {type(scores).__name__} from score(), expected a tensor [B, Hs, N] = {tuple(candidates.pos.shape)}"
+            )
+        if scores.shape != candidates.pos.shape:
+            raise ValueError(f"policy {describe(self.policy)} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
+        return scores
 
     def __repr__(self) -> str:
         return (
@@ -586,18 +695,83 @@ def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> 
     """Refuse NaN scores of real candidates: a top-k over NaN keeps tokens in slot order, a
     silent change of policy. Once per select step (not per token under the chunkwise schedule);
     on accelerators an asynchronous assert, so the step does not wait for the device."""
+    from lola.policies.registry import describe
+
     bad = torch.isnan(scores) & valid
     if scores.device.type == "cpu":
         if bool(bad.any()):
-            raise ValueError(f"policy {policy!r} returned NaN scores for {int(bad.sum())} candidates")
+            raise ValueError(f"policy {describe(policy)} returned NaN scores for {int(bad.sum())} candidates")
     else:
-        torch._assert_async(~bad.any(), f"policy {policy!r} returned NaN scores")
+        torch._assert_async(~bad.any(), f"policy {describe(policy)} returned NaN scores")
 
 
-def check_state(state: dict[str, torch.Tensor]) -> None:
-    """Refuse a state dict no run could have written (see :meth:`LoLAMemory.load_state_dict`):
-    non-finite values, a negative ``seen``, a stored position at or beyond its row's ``seen``,
-    or one position in two exact slots of a row and storage head.
+def _layout_of(state: dict[str, torch.Tensor], linear: str, window: str) -> StateLayout | None:
+    """The geometry a state claims: heads, ``F`` and ``D`` from its linear ``H [B, H, F, D]``,
+    storage heads from its window's ``k [B, Hs, N, D]`` (``None`` if it lacks either)."""
+    H, k = state.get(f"{linear}.H"), state.get(f"{window}.k")
+    if not (isinstance(H, torch.Tensor) and H.dim() == 4 and isinstance(k, torch.Tensor) and k.dim() == 4):
+        return None
+    return StateLayout(num_heads=H.shape[1], storage_heads=k.shape[1], head_dim=H.shape[3], feature_dim=H.shape[2])
+
+
+def _check_layout(state: dict[str, torch.Tensor], memory: LoLAMemory) -> None:
+    """``state`` against what ``memory`` holds (:meth:`LoLAMemory.reference_state`): the same
+    keys, dtypes, and shapes but the batch."""
+    found = memory.reference_state(state)
+    if found is None:
+        return
+    reference, follow = found
+    unknown = sorted(set(state) - set(reference))
+    if unknown:
+        raise ValueError(f"state holds unknown tensors {unknown}: this layer's memories hold {sorted(reference)}")
+    missing = sorted(set(reference) - set(state))
+    if missing:
+        why = ""
+        if all(k.endswith(".acc") for k in missing):
+            from lola.policies.registry import describe
+
+            why = f" (the attention mass per slot that policy {describe(memory.policy)} scores by)"
+        owners = {m.name: type(m).__name__ for m in memory._stateful()}
+        by_part: dict[str, list[str]] = {}
+        for key in missing:
+            by_part.setdefault(owners.get(key.split(".", 1)[0], "LoLAMemory"), []).append(key)
+        held = "; ".join(f"{part} state must hold {keys}" for part, keys in by_part.items())
+        raise ValueError(f"{held}{why}: the state lacks them (was it saved by a layer of another configuration?)")
+    # Keys and values share one float dtype, the memory's once allocated; when the state
+    # disagrees with itself the odd ones out are named.
+    dtype = None
+    if follow:
+        counts = Counter(state[k].dtype for k in reference if k in follow)
+        dtype = counts.most_common(1)[0][0]
+        if not dtype.is_floating_point:
+            raise ValueError(f"state[{sorted(follow)[0]!r}] must hold floats (keys and values), got {dtype}")
+    for key, ref in reference.items():
+        t, want = state[key], dtype if key in follow else ref.dtype
+        if t.dtype != want:
+            kind = "floats" if want.is_floating_point else "integers"
+            like = " like the state's other keys and values" if key in follow else ""
+            raise ValueError(f"state[{key!r}] must be {want} {kind}{like}, got {t.dtype}")
+    batch = state["seen"].shape[0]
+    for key, ref in reference.items():
+        t = state[key]
+        if t.dim() != ref.dim() or t.shape[1:] != ref.shape[1:]:
+            raise ValueError(f"state[{key!r}] has shape {tuple(t.shape)}, this layer's is [B, {', '.join(map(str, ref.shape[1:]))}]")
+        if t.shape[0] != batch:
+            raise ValueError(f"state[{key!r}] holds {t.shape[0]} rows, 'seen' {batch}")
+
+
+def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None) -> None:
+    """Refuse a state dict no run (of ``memory``, when given) could have written; the one check of
+    every state that comes from outside (:meth:`LoLAMemory.load_state_dict`, ``LoLACache.load``).
+
+    Always: every value a tensor, ``seen`` a ``[B]`` int64 count ``>= 0``, finite floats,
+    tracked attention (``.acc``) ``>= 0``, and positions ``[B, Hs, N]`` int64 below their row's
+    ``seen``, no position held by two exact slots of a row and storage head. Against
+    ``memory`` (see :meth:`LoLAMemory.reference_state`): the same keys (an unknown one is
+    refused, a missing one named), the same dtypes (positions int64, keys and values one float
+    dtype, the memory's once allocated), the same shapes but the batch (one for all), the
+    normaliser ``linear.s >= 0`` when the layer's feature map is non-negative, and the query
+    statistics' weight ``queries.n >= 0``.
 
     Raises:
         ValueError: naming the tensor and what is wrong.
@@ -605,19 +779,32 @@ def check_state(state: dict[str, torch.Tensor]) -> None:
     for key, t in state.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"state[{key!r}] must be a tensor, got {type(t).__name__}")
+    seen = state["seen"]
+    if seen.dtype != torch.int64 or seen.dim() != 1:
+        raise ValueError(f"state['seen'] must be a 1-D torch.int64 tensor, got {seen.dtype} {tuple(seen.shape)}")
+    if memory is not None:
+        _check_layout(state, memory)
+    for key, t in state.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"state[{key!r}] holds non-finite values (inf or NaN)")
-    seen = state["seen"]
-    if seen.is_floating_point() or seen.dim() != 1:
-        raise ValueError(f"state['seen'] must be a 1-D integer tensor, got {seen.dtype} {tuple(seen.shape)}")
     if bool((seen < 0).any()):
         raise ValueError("state['seen'] holds negative counts")
+    # Sums of non-negative terms: attention weights, the statistics' decay weights, and the
+    # features of a non-negative map (a negative normaliser flips the linear read's sign).
+    sums = {k: "attention weights" for k in state if k.endswith(".acc")}
+    if memory is not None and memory.queries is not None:
+        sums[f"{memory.queries.name}.n"] = "query weights"
+    if memory is not None and isinstance(memory.linear, LinearState) and memory.layout is not None and memory.layout.non_negative:
+        sums[f"{memory.linear.name}.s"] = "the features of a non-negative feature map"
+    for key, what in sums.items():
+        if key in state and bool((state[key] < 0).any()):
+            raise ValueError(f"state[{key!r}] holds negative values, but it sums {what}: no run could have written it")
     positions = [(k, t) for k, t in state.items() if k.endswith(".pos")]
     if not positions:
         return
     for key, pos in positions:
-        if pos.is_floating_point() or pos.dim() != 3 or pos.shape[0] != seen.shape[0]:
-            raise ValueError(f"state[{key!r}] must be [batch {seen.shape[0]}, heads, slots] integers, got {pos.dtype} {tuple(pos.shape)}")
+        if pos.dtype != torch.int64 or pos.dim() != 3 or pos.shape[0] != seen.shape[0]:
+            raise ValueError(f"state[{key!r}] must be [batch {seen.shape[0]}, heads, slots] torch.int64 integers, got {pos.dtype} {tuple(pos.shape)}")
         if bool((pos >= seen.view(-1, 1, 1)).any()):
             raise ValueError(f"state[{key!r}] holds a position at or beyond its row's 'seen' count")
     # Memories with the same storage heads are compared together (per-head sparse sizes may

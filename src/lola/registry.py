@@ -9,6 +9,8 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any, Callable, Generic, TypeVar
 
+from lola.errors import UnknownName
+
 __all__ = ["Registry"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,5 +79,5 @@ class Registry(Generic[F]):
         if name not in self._factories:
             self._load_entry_points()
         if name not in self._factories:
-            raise KeyError(f"unknown {self.kind} {name!r}; available: {', '.join(self.available())}")
+            raise UnknownName(f"unknown {self.kind} {name!r}; available: {', '.join(self.available())}")
         return self._factories[name]

@@ -3,9 +3,10 @@ attention LoLA would change, or a LoLA model whose attention was switched away, 
 
 Mechanisms: :func:`lola.integrations.transformers.support.unsupported_reason` (one list of
 reasons, checked by ``apply_lola`` unless ``force=True``), now with a sliding window that binds
-inside the model's context; and ``LoLACache.check_model``, run by the generation hook and by
-the first layer of every forward, which refuses a model whose attention implementation is no
-longer LoLA's.
+inside the model's context; and
+:func:`~lola.integrations.transformers.applied.check_attention_implementation`, run by a forward
+pre-hook ``apply_lola`` installs and by ``LoLACache.check_model``, which refuses a model whose
+attention implementation is no longer LoLA's (outside an ``attention_switched`` block).
 """
 
 from __future__ import annotations

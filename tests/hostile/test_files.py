@@ -194,28 +194,51 @@ def _export(out, name="t"):
     return export_niah(out, tok, lengths=[512], samples=1, name=name)
 
 
-@pytest.mark.parametrize("suffix", [".yaml", "_utils.py", ".jsonl"])
-def test_export_niah_refuses_foreign_files_by_name_and_writes_nothing(tmp_path, suffix):
+def test_export_niah_refuses_a_foreign_task_file_and_writes_nothing(tmp_path):
     out = tmp_path / "tasks"
     out.mkdir()
-    (out / f"t{suffix}").write_text("import os  # someone's module\n")
-    with pytest.raises(ValueError, match=rf"t{suffix} exists and was not written by export-niah"):
+    (out / "t.yaml").write_text("task: someone_elses\n")
+    with pytest.raises(ValueError, match=r"t.yaml exists and was not written by export-niah"):
         _export(out)
-    assert snapshot(out) == {f"t{suffix}": b"import os  # someone's module\n"}
+    assert snapshot(out) == {"t.yaml": b"task: someone_elses\n"}
+
+
+@pytest.mark.parametrize("name", ["t_utils.py", "t.jsonl"])
+def test_export_niah_leaves_foreign_files_at_the_old_names_alone(tmp_path, name):
+    """Prompts and scoring are named by their content now: someone's file at the old fixed
+    names is neither replaced nor removed."""
+    out = tmp_path / "tasks"
+    out.mkdir()
+    (out / name).write_text("import os  # someone's module\n")
+    _export(out)
+    assert (out / name).read_text() == "import os  # someone's module\n"
 
 
 def test_export_niah_replaces_its_own_files_and_refuses_links(tmp_path):
+    from lola.integrations.lm_eval.niah import exported_files
+
     out = tmp_path / "tasks"
     first = _export(out)
     before = snapshot(out)
     assert _export(out) == first and snapshot(out) == before  # the same export again: replaced in place
     victim = tmp_path / "victim.py"
     victim.write_text("precious")
-    (out / "t_utils.py").unlink()
-    (out / "t_utils.py").symlink_to(victim)
+    utils = exported_files(first)[1]
+    utils.unlink()
+    utils.symlink_to(victim)
     with pytest.raises(ValueError, match="symbolic link"):
         _export(out)
     assert victim.read_text() == "precious"
+
+
+def test_a_new_export_removes_the_files_of_the_previous_one(tmp_path):
+    from lola.integrations.lm_eval.niah import export_niah, exported_files
+    from lola.models import tiny_random
+
+    out = tmp_path / "tasks"
+    first = exported_files(_export(out))
+    second = exported_files(export_niah(out, tiny_random()[1], lengths=[600], samples=1, name="t"))
+    assert first != second and all(p.is_file() for p in second) and not any(p.exists() for p in first)
 
 
 def test_export_niah_refuses_an_out_that_is_a_file(tmp_path):

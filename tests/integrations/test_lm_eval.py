@@ -18,7 +18,7 @@ from lola.data import ByteTokenizer
 from lola.eval.runner import NiahRun, method_configs, run_niah
 from lola.integrations.lm_eval.__main__ import main as cli_main
 from lola.integrations.lm_eval.model import LoLALM, byte_tokenizer, lola_config_from_args
-from lola.integrations.lm_eval.niah import export_niah
+from lola.integrations.lm_eval.niah import export_niah, exported_files
 
 LENGTH = 512  # the niah template alone is ~300 bytes
 FULL = {"window": 1024, "sparse_size": 0, "sinks": 0}  # covers every prompt: LoLA == full attention
@@ -71,7 +71,7 @@ def niah_run(tmp_path_factory):
         mp.undo()
     tasks = tmp_path_factory.mktemp("niah-task")
     yaml_path = export_niah(tasks, ByteTokenizer(), task=run.task, lengths=run.lengths, samples=run.samples, seed=run.seed)
-    rows = [json.loads(line) for line in yaml_path.with_suffix(".jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in exported_files(yaml_path)[0].read_text().splitlines()]
     return run, records, built, tasks, rows
 
 
@@ -112,8 +112,9 @@ def test_exported_chat_prompts_tokenize_back(tmp_path) -> None:
     tok = byte_tokenizer()
     tok.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
     path = export_niah(tmp_path, tok, task="vt", lengths=[LENGTH], samples=2, name="my_vt")
-    assert path.name == "my_vt.yaml" and (tmp_path / "my_vt_utils.py").is_file()
-    rows = [json.loads(line) for line in path.with_suffix(".jsonl").read_text().splitlines()]
+    data, utils = exported_files(path)
+    assert path.name == "my_vt.yaml" and utils.is_file() and utils.name.startswith("my_vt_utils_")
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
     from lola.eval.niah import make_sample
 
     lm = LoLALM(pretrained="tiny-random-llama", tokenizer=tok, device="cpu", apply_lola=False)

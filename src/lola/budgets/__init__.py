@@ -21,12 +21,13 @@ import math
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
-from lola.config import LoLAConfig
+from lola.config import LoLAConfig, validation_summary
+from lola.limits import MAX_LAYERS, MAX_TOKENS
 
 __all__ = ["HeadBudgets", "allocate", "available", "is_budgets_file", "load"]
 
@@ -98,10 +99,11 @@ class HeadBudgets(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    sparse_size_per_head: list[list[int]] = Field(min_length=1)
-    uniform_sparse_size: int = Field(ge=0)
-    scores: list[list[float]]
-    power: float = Field(ge=0)
+    # Strict: a bool or a float is not a size; scores and power are finite and >= 0.
+    sparse_size_per_head: list[list[Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)]]] = Field(min_length=1, max_length=MAX_LAYERS)
+    uniform_sparse_size: Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)]
+    scores: list[list[Annotated[float, Strict(), Field(ge=0)]]]
+    power: Annotated[float, Strict(), Field(ge=0)]
     source: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -129,6 +131,21 @@ class HeadBudgets(BaseModel):
     def total_slots(self) -> int:
         """Sparse slots over all layers and heads (per sequence)."""
         return sum(sum(row) for row in self.sparse_size_per_head)
+
+    def check_geometry(self, num_layers: int, num_kv_heads: int) -> None:
+        """Refuse a model these budgets were not calibrated for.
+
+        Raises:
+            ValueError: the model's layers or K/V heads differ from the budgets' (both named,
+                with the model the budgets were calibrated on when they record it).
+        """
+        if (self.num_layers, self.num_kv_heads) != (num_layers, num_kv_heads):
+            model = self.source.get("model")
+            calibrated = f" (calibrated on {model})" if isinstance(model, str) else ""
+            raise ValueError(
+                f"budgets for {self.num_layers} layers x {self.num_kv_heads} K/V heads{calibrated}, but the model has "
+                f"{num_layers} layers x {num_kv_heads} K/V heads: use budgets calibrated for this model (`lola calibrate`) or uniform"
+            )
 
     def sizes_for(self, sparse_size: int) -> list[list[int]]:
         """Per-layer, per-head sizes redistributing a uniform ``sparse_size``: the stored sizes
@@ -203,20 +220,22 @@ def available() -> list[str]:
 
 def load(name_or_path: str | Path) -> HeadBudgets:
     """Shipped budgets by model name (see :func:`available`), or a JSON file from ``lola calibrate``."""
+    from lola.outputs import read_json
+
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise ValueError(f"budgets file {str(path)!r} does not exist")
-        text = path.read_text()
+        data = read_json(path, "a valid budgets file")  # not a regular file, not UTF-8, garbled, a key twice: named
         where = str(path)
     else:
         if str(name_or_path) not in available():
             raise ValueError(
                 f"no shipped budgets named {str(name_or_path)!r}; available: {', '.join(available()) or 'none'} (or give a JSON file from `lola calibrate`)"
             )
-        text = resources.files(__name__).joinpath(f"{name_or_path}.json").read_text()
+        data = json.loads(resources.files(__name__).joinpath(f"{name_or_path}.json").read_text())
         where = f"shipped budgets {name_or_path!r}"
     try:
-        return HeadBudgets.model_validate(json.loads(text))
-    except (json.JSONDecodeError, ValueError) as err:
-        raise ValueError(f"{where} is not a valid budgets file: {err}") from None
+        return HeadBudgets.model_validate(data)
+    except ValidationError as err:
+        raise ValueError(f"{where} is not a valid budgets file: {validation_summary(err)}") from None

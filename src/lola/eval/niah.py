@@ -29,7 +29,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Callable
 
-__all__ = ["NOISE", "TASKS", "NiahSample", "make_niah_sample", "make_sample", "string_match_all", "word_keys"]
+__all__ = ["NOISE", "TASKS", "NiahSample", "check_templates", "make_niah_sample", "make_sample", "string_match_all", "word_keys"]
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt")
@@ -113,8 +113,46 @@ def _fit(tokenizer: Any, length: int, max_new_tokens: int, build: Callable[[int]
         lo, hi = (mid, hi) if build(mid)[0].shape[-1] <= budget else (lo, mid)
     ids, text = build(lo)
     if ids.shape[-1] > budget:
-        raise ValueError(f"length {length} is too short for the prompt template ({ids.shape[-1]} tokens + {max_new_tokens} to generate)")
+        raise ValueError(
+            f"length {length} is too short for the prompt template with max_new_tokens {max_new_tokens}: the shortest prompt has "
+            f"{ids.shape[-1]} tokens and {max_new_tokens} are kept for the answer; give a length of at least {ids.shape[-1] + max_new_tokens} "
+            "or a smaller max_new_tokens"
+        )
     return ids, text
+
+
+# The placeholders each custom template may use, and those it must use.
+TEMPLATE_FIELDS = {"needle": ({"key", "value", "type"}, {"key", "value"}), "question": ({"key"}, {"key"}), "answer_prefix": ({"key"}, set())}
+
+
+def check_templates(needle: str | None, question: str | None, answer_prefix: str | None) -> None:
+    """Refuse a custom template that :meth:`str.format` would fail on or that lacks a field:
+    unknown placeholders (``{oops}``), unbalanced braces, attribute or index lookups, and a
+    needle without ``{key}`` and ``{value}`` or a question without ``{key}``.
+
+    Raises:
+        ValueError: naming the template (``needle``, ``question``, ``answer_prefix``), the
+            placeholder and the ones it may use.
+    """
+    import string
+
+    for name, template in (("needle", needle), ("question", question), ("answer_prefix", answer_prefix)):
+        if template is None:
+            continue
+        allowed, required = TEMPLATE_FIELDS[name]
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        except ValueError as err:  # "Single '}' encountered in format string"
+            raise ValueError(f"{name} template {template!r}: {err} (write a literal brace as {{{{ or }}}})") from None
+        unknown = sorted(fields - allowed)
+        if unknown:
+            raise ValueError(
+                f"{name} template {template!r}: unknown placeholder {{{unknown[0]}}}; it may use {', '.join(f'{{{f}}}' for f in sorted(allowed))}"
+                " (write a literal brace as {{ or }})"
+            )
+        missing = sorted(required - fields)
+        if missing:
+            raise ValueError(f"{name} template {template!r} must contain {{{missing[0]}}}")
 
 
 def make_sample(
@@ -155,12 +193,7 @@ def make_sample(
         raise ValueError("needle and question must be given together")
     if answer_prefix is not None and question is None:
         raise ValueError("answer_prefix needs a custom question (the default template has its own prefix)")
-    if needle is not None:
-        for field in ("{key}", "{value}"):
-            if field not in needle:
-                raise ValueError(f"the needle template must contain {field}, got {needle!r}")
-        if "{key}" not in question:
-            raise ValueError(f"the question must contain {{key}}, got {question!r}")
+    check_templates(needle, question, answer_prefix)
     rng = random.Random(seed)
     filler = prose_lines(haystack) if haystack is not None else [NOISE]
     start = rng.randrange(len(filler))

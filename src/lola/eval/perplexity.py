@@ -103,6 +103,25 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
     }
 
 
+def _check_methods(model: Any, configs: dict[str, LoLAConfig | None], feature_maps: str | None) -> Any:
+    """Apply (and remove) every LoLA config of ``configs`` once, so that whatever
+    :func:`~lola.integrations.transformers.apply_lola` refuses (the architecture, feature maps
+    that do not fit the model or a config) is refused before any work; the feature maps are read
+    once. Returns them (or ``None``)."""
+    from lola.integrations.transformers import apply_lola, remove_lola
+
+    maps = None
+    if feature_maps is not None and any(cfg is not None for cfg in configs.values()):
+        from lola.pretrained.folder import read_feature_maps
+
+        maps = read_feature_maps(feature_maps)
+    for cfg in configs.values():
+        if cfg is not None:
+            apply_lola(model, cfg, feature_maps=maps)
+            remove_lola(model)
+    return maps
+
+
 @torch.no_grad()
 def window_nll(model: Any, ids: torch.Tensor, cache: Any = None) -> tuple[float, int]:
     """Summed next-token NLL over one window ``ids [1, L]`` and the number of predicted tokens."""
@@ -116,7 +135,7 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     """``{method: {length: {"ppl": …, "tokens": …, "windows": …}}}`` on the held-out split."""
     from tqdm.auto import tqdm
 
-    from lola.data import encode, load_split
+    from lola.data import describe, encode, load_split
     from lola.eval.generation import greedy_continuation, repeated_ngram_rate
     from lola.eval.linear_share import LinearShareMeter
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
@@ -127,10 +146,14 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
             raise ValueError(f"length {n} exceeds what the model can hold ({max_positions} positions)")
     _, heldout = load_split(run.text, run.heldout_fraction)
     ids = encode(tokenizer, heldout)
-    for n in run.lengths:
-        if ids.numel() < n:
-            raise ValueError(f"the held-out text has {ids.numel()} tokens, fewer than one window of {n}")
+    longest = max(run.lengths)
+    if ids.numel() < longest:
+        raise ValueError(
+            f"--text {describe(run.text)}: its held-out part (the last {run.heldout_fraction:.0%}) has {ids.numel()} tokens, fewer than one window "
+            f"of --lengths {longest}; give a text of about {round(longest / run.heldout_fraction)} tokens or more, or shorter --lengths"
+        )
     configs = perplexity_configs(run)
+    maps = _check_methods(model, configs, run.feature_maps)  # before the bar: an error under it would print on the bar's line
     device = next(model.parameters()).device
     jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n))]
     gen_jobs = sum(1 for m, n, w in jobs if run.generate and w < run.generate_windows)
@@ -141,7 +164,7 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     ran: dict[str, LoLAConfig | None] = {}
     for method, cfg in configs.items():
         if cfg is not None:
-            apply_lola(model, cfg, feature_maps=run.feature_maps)
+            apply_lola(model, cfg, feature_maps=maps)
             ran[method] = model._lola.config  # after trained maps filled in their fields
         else:
             ran[method] = None

@@ -19,18 +19,21 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Annotated, Any, Iterable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
+from lola.eval.niah import check_templates
 from lola.methods import METHODS, method_config
 
 __all__ = [
     "METHODS",
     "RESULTS_FORMAT",
     "NiahRun",
+    "SampleRecord",
+    "check_budgets",
     "check_out_folder",
     "run_inputs",
     "format_depth_summary",
@@ -50,8 +53,6 @@ RESULTS_FORMAT = "lola-niah-results"
 RESULTS_FILE = "results.json"
 SAMPLES_FILE = "samples.jsonl"
 PLOT_FILES = ("accuracy.png", "cache_bytes.png")
-# Keys every line of samples.jsonl must have (what resuming and the summaries read).
-RECORD_KEYS = ("method", "length", "index", "depth", "score", "cache_bytes")
 
 
 def _distinct(name: str, values: list) -> list:
@@ -131,16 +132,33 @@ class NiahRun(BaseModel):
             raise ValueError(f"{path!r} is not a feature-map folder (no feature_maps.safetensors; create it with `lola linearize --out {path}`)")
         return path
 
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _room_for_a_prompt(cls, tokens: int | None, info: ValidationInfo) -> int | None:
+        # A length counts the prompt and the answer: checked here, before any model loads,
+        # rather than when the first prompt is built.
+        lengths = info.data.get("lengths")
+        if tokens is not None and lengths and tokens >= min(lengths):
+            raise ValueError(f"must be smaller than the shortest of lengths {lengths} (a length holds the prompt and the answer), got {tokens}")
+        return tokens
+
+    @model_validator(mode="after")
+    def _variants_need_lola(self) -> "NiahRun":
+        # Variants are LoLA configs: without the lola method they would be dropped unread.
+        if self.variants and "lola" not in self.methods:
+            raise ValueError(f"variants ({', '.join(self.variants)}) run with the lola method only: add lola to methods {self.methods} or remove the variants")
+        if self.max_new_tokens is None and self.new_tokens >= min(self.lengths):
+            raise ValueError(
+                f"lengths {self.lengths} leave no room for a prompt beside the {self.new_tokens} tokens a {self.task} answer gets "
+                "(max_new_tokens unset); give longer lengths or a smaller max_new_tokens"
+            )
+        return self
+
     @model_validator(mode="after")
     def _custom_needle(self) -> "NiahRun":
         if (self.needle is None) != (self.question is None):
             raise ValueError("needle and question must be given together")
-        if self.needle is not None:
-            for field in ("{key}", "{value}"):
-                if field not in self.needle:
-                    raise ValueError(f"the needle template must contain {field}, got {self.needle!r}")
-            if "{key}" not in self.question:
-                raise ValueError(f"the question must contain {{key}}, got {self.question!r}")
+        check_templates(self.needle, self.question, self.answer_prefix)  # before any model loads
         if (self.haystack_file or self.needle) and self.task != "niah_single_1":
             raise ValueError("haystack_file, needle and question apply to niah_single_1 only")
         if self.answer_prefix is not None and self.question is None:
@@ -200,6 +218,23 @@ def _with_budgets(cfg: LoLAConfig, budgets: str | None, model: str) -> LoLAConfi
     return head_budgets.load(budgets).apply(cfg)
 
 
+def check_budgets(run: NiahRun, model: Any) -> None:
+    """Refuse budgets calibrated for another model (another number of layers or K/V heads),
+    naming the option that set them (``--budgets``, or ``variants.NAME.budgets``)."""
+    from lola import budgets as head_budgets
+    from lola.errors import about
+    from lola.pretrained.folder import model_geometry
+
+    named = {"--budgets": run.budgets, **{f"variants.{name}.budgets": v.get("budgets") for name, v in run.variants.items()}}
+    if not any(b not in (None, "uniform", "auto") for b in named.values()):
+        return
+    geometry = model_geometry(model)
+    for option, budgets in named.items():
+        if budgets not in (None, "uniform", "auto"):
+            with about(f"{option} {budgets}"):
+                head_budgets.load(budgets).check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
+
+
 def run_inputs(run: NiahRun) -> dict[str, str]:
     """Fingerprints, by content, of the files a run reads besides its options: the haystack,
     the feature maps (folder or shipped name) and budget files (the run's and its variants').
@@ -257,9 +292,54 @@ def wilson_interval(hits: float, n: int, z: float = 1.96) -> tuple[float, float]
     return 100.0 * max(0.0, centre - half), 100.0 * min(1.0, centre + half)
 
 
-def _load_done(path: Path) -> dict[tuple[str, int, int], dict]:
-    """The finished samples in ``samples.jsonl``; a cut-short or foreign line is an error naming
-    the file and the line."""
+Fraction = Annotated[StrictFloat, Field(ge=0, le=1)]
+Count = Annotated[StrictInt, Field(ge=0)]
+Rate = Annotated[StrictFloat, Field(ge=0)]
+
+
+class SampleRecord(BaseModel):
+    """One line of ``samples.jsonl``: the one check of every record a resume reads back.
+
+    Types are strict (a score of ``"1"`` or ``true`` is not cast) and numbers finite and in
+    range; with the run in the validation context (``{"run": NiahRun, "methods": names}``) the
+    method must be one of the run's, the length one of its lengths and the index below its
+    samples, so that a record of another run is never summarised as this one's.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    method: StrictStr
+    length: StrictInt
+    index: Count
+    depth: Fraction
+    score: Fraction
+    cache_bytes: Count
+    # Optional (older records lack them), checked when present: `lola niah` averages tokens_per_second.
+    prompt_tokens: Count | None = None
+    answers: list[StrictStr] | None = None
+    prediction: StrictStr | None = None
+    seconds: Rate | None = None
+    tokens_per_second: Rate | None = None
+
+    @model_validator(mode="after")
+    def _of_this_run(self, info: ValidationInfo) -> "SampleRecord":
+        context = info.context or {}
+        run, methods = context.get("run"), context.get("methods")
+        if methods is not None and self.method not in methods:
+            raise ValueError(f"method {self.method!r} is not one of this run's ({', '.join(methods)})")
+        if run is not None and self.length not in run.lengths:
+            raise ValueError(f"length {self.length} is not one of this run's lengths {run.lengths}")
+        if run is not None and self.index >= run.samples:
+            raise ValueError(f"index {self.index} is beyond this run's {run.samples} samples per length")
+        return self
+
+
+def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, int], dict]:
+    """The finished samples in ``samples.jsonl``, each line checked by :class:`SampleRecord`
+    (against ``run`` when given); a cut-short, foreign, out-of-range or repeated line is an
+    error naming the file and the line."""
+    from lola.errors import describe_validation
+
     done: dict[tuple[str, int, int], dict] = {}
     if not path.exists():
         return done
@@ -267,6 +347,8 @@ def _load_done(path: Path) -> dict[tuple[str, int, int], dict]:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not a lola niah samples file: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    context = {"run": run, "methods": list(method_configs(run)) if run is not None else None}
+    lines: dict[tuple[str, int, int], int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -277,10 +359,19 @@ def _load_done(path: Path) -> dict[tuple[str, int, int], dict]:
                 f"{path}: line {number} is not a complete JSON record ({err.msg}), e.g. a sample cut short by a crash; "
                 "delete that line and run again to redo that sample"
             ) from None
-        missing = [k for k in RECORD_KEYS if not isinstance(rec, dict) or k not in rec]
-        if missing:
-            raise ValueError(f"{path}: line {number} is not a lola niah sample (lacks {missing})")
-        done[(rec["method"], rec["length"], rec["index"])] = rec
+        try:
+            SampleRecord.model_validate(rec, context=context)
+        except ValidationError as err:
+            raise ValueError(
+                f"{path}: line {number} is not a lola niah sample of this run ({describe_validation(err)}); delete that line to redo that sample"
+            ) from None
+        key = (rec["method"], rec["length"], rec["index"])
+        if key in lines:  # two answers to one sample: neither can be trusted over the other
+            raise ValueError(
+                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong"
+            )
+        lines[key] = number
+        done[key] = rec
     return done
 
 
@@ -294,13 +385,29 @@ def _is_results(data: Any) -> bool:
     return isinstance(data.get("run"), dict) and isinstance(data.get("versions"), dict) and "lola" in data["versions"]
 
 
+def _run_changes(saved: NiahRun, run: NiahRun) -> str:
+    """Every option in which ``run`` differs from the ``saved`` one, as ``--window: saved 60, now
+    16`` (``variants``, which only a ``--config`` file sets, by its field name)."""
+    from lola.errors import option_name
+
+    changes = []
+    for field in NiahRun.model_fields:
+        before, now = getattr(saved, field), getattr(run, field)
+        if before != now:
+            name = "variants (--config)" if field == "variants" else option_name(field)
+            changes.append(f"{name}: saved {before!r}, now {now!r}")
+    return "; ".join(changes) or "the same options compare unequal"
+
+
 def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tuple[str, int, int], dict]:
     """Check a results folder before any model work; returns the samples it already holds.
 
     Refused, with a message naming the file: a folder that cannot be written; a
     ``results.json`` that is truncated, garbled or not lola's (no ``format`` marker); result
     files (``samples.jsonl``, the plots) without lola's ``results.json``; a saved run other
-    than ``run``; a ``samples.jsonl`` with a cut-short or foreign line.
+    than ``run`` (naming each option that differs, saved and requested); a ``samples.jsonl``
+    line that :class:`SampleRecord` refuses for ``run`` (cut short, foreign, out of range, of
+    another method, length or index) or that repeats a sample.
     """
     from lola.checksums import changed_inputs
     from lola.outputs import check_output_folder, check_target, read_json
@@ -318,12 +425,12 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tu
         saved = data.get("run")
         if run is not None and saved is not None:
             try:
-                same = NiahRun(**saved) == run
+                saved_run = NiahRun(**saved)
             except (ValidationError, TypeError) as err:
                 detail = validation_summary(err) if isinstance(err, ValidationError) else str(err)
                 raise ValueError(f"{results} holds a run this version of lola refuses ({detail}); use another --out") from None
-            if not same:
-                raise ValueError(f"{out} holds a different run; use another --out or the same options (saved: {saved})")
+            if saved_run != run:
+                raise ValueError(f"{out} holds a different run ({_run_changes(saved_run, run)}); resume with the same options or use another --out")
             changed = changed_inputs(data.get("inputs"), run_inputs(run))
             if changed:
                 option = "--" + changed[0].replace("_", "-") if "." not in changed[0] else changed[0]
@@ -336,7 +443,7 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tu
             raise ValueError(
                 f"{out} holds {', '.join(foreign)} but no lola {RESULTS_FILE}: not a lola niah results folder; move them away or use another --out"
             )
-    return _load_done(out / SAMPLES_FILE)
+    return _load_done(out / SAMPLES_FILE, run)
 
 
 def _cache_bytes(cache: Any) -> int:
@@ -406,6 +513,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
 
         maps = read_feature_maps(run.feature_maps)
         check_geometry(maps, model)
+    check_budgets(run, model)
     configs = method_configs(run)
     # What each method really runs: trained maps fill in the fields a config leaves unset.
     effective = {m: c if c is None or maps is None else maps.merge_into(c) for m, c in configs.items()}

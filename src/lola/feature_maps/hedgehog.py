@@ -53,6 +53,8 @@ class HedgehogFeatureMap(FeatureMap):
         eps: lower clamp of the features (keeps ``φ(q)ᵀs > 0``).
     """
 
+    non_negative = True  # softmaxes, clamped at eps
+
     def __init__(self, num_heads: int, head_dim: int, feature_dim: int = 64, identity: bool = False, eps: float = 1e-12) -> None:
         super().__init__(num_heads, head_dim)
         f = head_dim if identity else feature_dim

@@ -15,6 +15,8 @@ __all__ = ["EluFeatureMap", "TaylorFeatureMap"]
 class EluFeatureMap(FeatureMap):
     """``φ(x) = elu(x) + 1`` (Katharopoulos et al. 2020); ``F = D``."""
 
+    non_negative = True  # elu(x) > -1
+
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__(num_heads, head_dim)
         self.feature_dim = head_dim

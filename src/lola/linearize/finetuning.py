@@ -97,19 +97,18 @@ def _lora_layers(model: torch.nn.Module) -> list:
 @contextlib.contextmanager
 def _teacher(model: torch.nn.Module, attn_implementation: str) -> Iterator[None]:
     """The stock model: adapters off, stock attention (parameters' ``requires_grad`` kept)."""
-    from lola.linearize.training_attention import HYBRID_ATTENTION
+    from lola.integrations.transformers.applied import attention_switched
 
     layers = _lora_layers(model)
     grads = {id(p): p.requires_grad for p in model.parameters()}
     for m in layers:
         m.enable_adapters(False)
-    model.set_attn_implementation(attn_implementation)
     try:
-        yield
+        with attention_switched(model, attn_implementation):  # stock attention, on purpose
+            yield
     finally:
         for m in layers:
             m.enable_adapters(True)
-        model.set_attn_implementation(HYBRID_ATTENTION)
         for p in model.parameters():
             p.requires_grad_(grads[id(p)])
 
@@ -176,8 +175,9 @@ def finetune(
     """Stage 2: train LoRA + feature maps of ``model``'s hybrid against the stock model.
 
     Resumable: ``out/checkpoint-stage2.pt`` (every ``cfg.checkpoint_every`` steps) is picked up
-    by a later call with the same options (``steps`` may grow). Under ``torchrun`` each process
-    takes its share of every step's ``cfg.batch`` sequences (data parallel); rank 0 writes.
+    by a later call with the same options (``steps`` may grow) and the same stage-1 maps (their
+    fingerprint is in the checkpoint). Under ``torchrun`` each process takes its share of every
+    step's ``cfg.batch`` sequences (data parallel); rank 0 writes.
 
     Args:
         model: a stock transformers Llama-family model (modified: adapters are injected).
@@ -190,13 +190,26 @@ def finetune(
 
     Returns:
         The report written to ``out/finetune_report.json``.
+
+    Raises:
+        ValueError: ``cfg.seq_len`` beyond the model's positions, or a checkpoint in ``out`` of
+            other options, text or stage-1 maps (stage 1 retrained since it started).
     """
     from tqdm.auto import tqdm
+
+    from lola.linearize.transfer import check_positions
 
     out = Path(out)
     maps = out if maps is None else Path(maps)
     if not (Path(maps) / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"stage 2 starts from stage-1 feature maps: {maps} has no {CONFIG_FILE} (run `lola linearize --stage 1 --out {maps}` first)")
+    check_positions(model, cfg.seq_len, "seq_len (--chunk-tokens)")
+    geometry = model_geometry(model)
+    ckpt = out / FINETUNE_CHECKPOINT_FILE
+    # The text and the stage-1 maps, fingerprinted before this run writes its own maps over
+    # them: a checkpoint that started from other maps (stage 1 retrained since) is refused.
+    inputs = run_inputs(cfg, stage1_maps=maps)
+    state = read_checkpoint(ckpt, cfg, geometry, "--stage2-steps", inputs) if ckpt.is_file() else None
     device = resolve_device(cfg.device)
     world = init_world(device)
     if cfg.batch % world.size:
@@ -207,7 +220,6 @@ def finetune(
         out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     model.to(device).eval()  # no dropout in either pass
-    geometry = model_geometry(model)
     maps_cfg = read_feature_maps(maps).config
 
     train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
@@ -220,8 +232,7 @@ def finetune(
             + (f"; {world.size} processes" if world.size > 1 else "")
         )
 
-    ckpt = out / FINETUNE_CHECKPOINT_FILE
-    stock, lora_params, map_params = _prepare(model, maps, cfg, resuming=ckpt.is_file())
+    stock, lora_params, map_params = _prepare(model, maps, cfg, resuming=state is not None)
     groups = [{"params": lora_params, "lr": cfg.lr}]
     if map_params:
         groups.append({"params": map_params, "lr": cfg.maps_lr})
@@ -260,8 +271,7 @@ def finetune(
 
     start, losses, train_s = 0, [], 0.0
     kl_before = None
-    if ckpt.is_file():
-        state = read_checkpoint(ckpt, cfg, geometry, "--stage2-steps")
+    if state is not None:
         with torch.no_grad():
             for p, saved_p in zip(trainable, state["trainable"]):
                 p.copy_(saved_p)
@@ -272,8 +282,6 @@ def finetune(
             log(f"resuming stage 2 from step {start} of {cfg.steps} ({ckpt})")
     else:
         kl_before = heldout_kl()
-
-    inputs = run_inputs(cfg)  # the text's fingerprint, once: a resume on other content is refused
 
     def save_checkpoint(step: int) -> None:
         if not world.main:
@@ -322,6 +330,7 @@ def finetune(
         "geometry": geometry,
         "config": cfg.model_dump(mode="json"),
         "start_maps": str(maps),
+        "inputs": inputs,  # the stage-1 maps' fingerprint outlives them here (see stage1_digest)
         "processes": world.size,
         "sequences_per_process": processed,
         "device": str(device),

@@ -30,7 +30,7 @@ from lola.linearize.hybrid import hybrid_attention
 from lola.linearize.teacher import LayerActivations, collect_activations
 from lola.pretrained.folder import REPORT_FILE, model_geometry, write_feature_maps
 
-__all__ = ["LinearizeConfig", "hybrid_config", "layer_loss", "linearize"]
+__all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -121,6 +121,16 @@ def _eval_mse(students: dict[int, LoLAAttention], acts: list[dict[int, LayerActi
     return {i: sum(layer_loss(s, a[i], window).item() for a in acts) / len(acts) / 1000.0 for i, s in students.items()}
 
 
+def check_positions(model: torch.nn.Module, tokens: int, what: str) -> None:
+    """Refuse training sequences of ``tokens`` tokens that the model has no positions for (its
+    ``max_position_embeddings``): RoPE beyond them is extrapolated, and maps trained on that would
+    imitate attention the model never computes. ``what`` names the setting (``chunk_tokens
+    (--chunk-tokens)``)."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int) and tokens > positions:
+        raise ValueError(f"{what} {tokens} is longer than the model's {positions} positions (max_position_embeddings); use at most {positions}")
+
+
 def _versions() -> dict:
     import transformers
 
@@ -156,10 +166,15 @@ def linearize(
 
     Returns:
         The report written to ``out/report.json``.
+
+    Raises:
+        ValueError: ``cfg.chunk_tokens`` beyond the model's positions, or a checkpoint in
+            ``out`` of other options or text.
     """
     from tqdm.auto import tqdm
 
     out = Path(out)
+    check_positions(model, cfg.chunk_tokens, "chunk_tokens (--chunk-tokens)")
     device = resolve_device(cfg.device)
     world = init_world(device)
     if cfg.batch % world.size:

@@ -67,7 +67,8 @@ class SparseCache(ExactStore):
             raise ValueError(f"sparse cache has {len(self.head_sizes)} per-head sizes for {value.k.shape[1]} storage heads")
         slot = torch.arange(value.k.shape[2], device=value.pos.device)
         sizes = torch.tensor(self.head_sizes, device=value.pos.device)
-        if bool((value.valid & (slot >= sizes.view(-1, 1))).any()):
+        # (meta tensors hold no values: the layout a state must have is built on that device)
+        if value.pos.device.type != "meta" and bool((value.valid & (slot >= sizes.view(-1, 1))).any()):
             raise RuntimeError("a head holds more tokens than its sparse size (internal error)")
         self._flat = self._pack(value)
 
@@ -166,7 +167,8 @@ class SparseCache(ExactStore):
         Args:
             candidates: ``[B, Hs, M, ·]`` slots: the tokens leaving the window *and* the current
                 cache contents (so cached tokens are re-scored every step).
-            scores: ``[B, Hs, M]`` higher = keep exact. Empty slots are never kept over a token.
+            scores: ``[B, Hs, M]`` higher = keep exact. Empty slots are never kept over a token,
+                whatever the tokens' scores (``-inf`` included).
             rows: ``[B]`` bool, rows at a step; other rows keep their cache unchanged.
 
         Returns:
@@ -174,7 +176,10 @@ class SparseCache(ExactStore):
         """
         block = self._require()
         valid = candidates.valid & rows[:, None, None]
-        scores = torch.where(valid, scores.float(), float("-inf"))
+        # Tokens rank above every empty slot: a token's -inf becomes the lowest finite score, so
+        # a tie with the empty slots' -inf cannot keep an empty slot over it.
+        lowest = torch.finfo(torch.float32).min
+        scores = torch.where(valid, scores.float().clamp_min(lowest), float("-inf"))
         keep = torch.zeros_like(valid)
         if self.capacity > 0:
             if self.head_sizes and len(self.head_sizes) != scores.shape[1]:

@@ -201,6 +201,9 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
 
         shipped = f", or use a shipped name ({', '.join(sorted(SHIPPED))})" if SHIPPED else ""
         raise FileNotFoundError(f"feature_maps folder {str(folder)!r} does not exist (create it with `lola linearize --out {folder}`{shipped})")
+    from lola.outputs import finish_pending
+
+    finish_pending(folder)  # a write of the group that a kill cut short: completed first
     for name in (FEATURE_MAPS_FILE, CONFIG_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"feature_maps folder {str(folder)!r} has no {name}: is it the --out folder of a finished `lola linearize` run?")

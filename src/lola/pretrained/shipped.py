@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from lola.errors import UnknownName
+
 __all__ = ["SHIPPED", "SHIPPED_FILES", "ShippedMaps", "pack", "resolve_feature_maps", "shipped_folder"]
 
 SHIPPED_FILES = ("feature_maps.safetensors", "lora.safetensors", "lola_config.json", "report.json", "finetune_report.json")
@@ -63,7 +65,7 @@ def shipped_folder(name: str) -> Path:
         RuntimeError: a file is missing or its sha256 differs (a damaged installation).
     """
     if name not in SHIPPED:
-        raise KeyError(f"no shipped feature maps named {name!r}; shipped: {', '.join(sorted(SHIPPED)) or 'none'}")
+        raise UnknownName(f"no shipped feature maps named {name!r}; shipped: {', '.join(sorted(SHIPPED)) or 'none'}")
     folder = SHIPPED_ROOT / name
     for file, digest in SHIPPED[name].files.items():
         path = folder / file

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -168,8 +169,9 @@ def test_a_damaged_state_with_a_valid_checksum_is_still_checked(tmp_path):
 
 
 def test_saving_over_a_cache_is_atomic_and_leaves_one_cache(tmp_path, monkeypatch):
-    """A crash at any point of a save leaves a whole cache: the earlier one until ``cache.json``
-    is replaced, the new one after; no temporary file stays behind."""
+    """A crash at any point of a save leaves a whole cache: the earlier one until the save's
+    journal is written, the new one after (the next load completes the renames it lists); no
+    temporary file stays behind."""
     import lola.outputs
 
     model = apply_lola(tiny("llama"), SMALL)
@@ -181,18 +183,27 @@ def test_saving_over_a_cache_is_atomic_and_leaves_one_cache(tmp_path, monkeypatc
     real_replace = os.replace
     calls = []
 
-    def crash_on_second_replace(src, dst):
-        calls.append(dst)
-        if len(calls) == 2:  # the new tensors are in place, cache.json is not yet
-            raise KeyboardInterrupt("killed")
-        real_replace(src, dst)
+    def crash_on_replace(n):
+        def replace(src, dst):
+            calls.append(dst)
+            if len(calls) == n:
+                raise KeyboardInterrupt("killed")
+            real_replace(src, dst)
 
-    monkeypatch.setattr(lola.outputs.os, "replace", crash_on_second_replace)
-    with pytest.raises(KeyboardInterrupt):
-        cache.save(folder)
-    monkeypatch.setattr(lola.outputs.os, "replace", real_replace)
-    assert LoLACache.load(folder, model).layers[0].cumulative_length == 30  # the earlier cache, whole
-    assert not list(folder.glob(".lola-tmp-*"))
+        return replace
+
+    for n, expected in ((1, 30), (2, 45), (3, 45)):  # the journal, the tensors, cache.json
+        calls.clear()
+        monkeypatch.setattr(lola.outputs.os, "replace", crash_on_replace(n))
+        with pytest.raises(KeyboardInterrupt):
+            cache.save(folder)
+        monkeypatch.setattr(lola.outputs.os, "replace", real_replace)
+        assert LoLACache.load(folder, model).layers[0].cumulative_length == expected  # one whole cache
+        assert not list(folder.glob(".lola-tmp-*"))
+        if expected == 45:  # back to the first cache for the next kill
+            shutil.rmtree(folder)
+            folder = _saved_cache(tmp_path, model)
+            first = _tensors_file(folder)
     cache.save(folder)
     assert LoLACache.load(folder, model).layers[0].cumulative_length == 45
     assert not first.exists() and len(list(folder.glob("cache-*.safetensors"))) == 1  # the superseded tensors are gone

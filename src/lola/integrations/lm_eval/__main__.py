@@ -26,7 +26,9 @@ LM_EVAL_COMMANDS = ("run", "ls", "validate")
 
 def export_parser() -> argparse.ArgumentParser:
     """The options of ``export-niah`` (those of ``lola niah`` that define the prompts)."""
-    p = argparse.ArgumentParser(
+    from lola.cli import OneLineParser
+
+    p = OneLineParser(
         prog="python -m lola.integrations.lm_eval export-niah",
         description="Write the prompts of `lola niah` (same options, same samples) as a local lm-eval task.",
     )
@@ -49,27 +51,18 @@ def export_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _one_line(err: Exception) -> str:
-    """An error as one line; a pydantic error names the options it is about."""
-    import pydantic
-
-    if isinstance(err, pydantic.ValidationError):
-        parts = []
-        for e in err.errors():
-            msg = e["msg"].removeprefix("Value error, ")
-            parts.append(f"--{str(e['loc'][0]).replace('_', '-')}: {msg}" if e["loc"] else msg)
-        text = "; ".join(parts)
-    else:
-        text = str(err)
-    return " ".join(text.split())
-
-
 def export_main(argv: list[str]) -> int:
+    """``export-niah``: exit status 0, or 2 with one line naming the bad option."""
     args = export_parser().parse_args(argv)
+    from lola.errors import about, report
     from lola.integrations.lm_eval.niah import export_niah, load_tokenizer
+    from lola.models import max_positions
+    from lola.outputs import check_output_folder
 
     try:
-        tokenizer = load_tokenizer(args.model)
+        check_output_folder(args.out, "--out")  # a file or an unwritable place, before the tokenizer loads
+        with about("--model"):
+            tokenizer = load_tokenizer(args.model)
         path = export_niah(
             args.out,
             tokenizer,
@@ -83,10 +76,10 @@ def export_main(argv: list[str]) -> int:
             question=args.question,
             answer_prefix=args.answer_prefix,
             name=args.name,
+            max_positions=max_positions(args.model),
         )
-    except (ValueError, FileNotFoundError) as err:
-        print(f"export-niah: {_one_line(err)}", file=sys.stderr)
-        return 2
+    except Exception as err:  # a user error: one line naming the option; anything else: a bug
+        return report("export-niah", err, debug=os.environ.get("LOLA_DEBUG", "") not in ("", "0"))
     name = path.stem
     print(f"wrote {path} ({len(args.lengths) * args.samples} prompts)")
     print(f"run: python -m lola.integrations.lm_eval run --model_args pretrained={args.model} --tasks {name} --include_path {path.parent}")
@@ -113,6 +106,10 @@ def lm_eval_main(argv: list[str]) -> int:
     sys.argv = ["lm-eval", *argv]
     try:
         cli.execute(cli.parse_args())
+    except Exception as err:  # a bad model_arg: one line naming it; anything else: a bug
+        from lola.errors import report
+
+        return report("lm-eval", err, debug=os.environ.get("LOLA_DEBUG", "") not in ("", "0"), name=lambda field: f"model_args {field}")
     finally:
         sys.argv = saved
     return 0

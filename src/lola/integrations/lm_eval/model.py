@@ -61,20 +61,17 @@ def byte_tokenizer() -> Any:
 def read_lola_config(path: str | os.PathLike) -> dict[str, Any]:
     """The mapping in a YAML (``.yaml``/``.yml``) or JSON file: :class:`~lola.LoLAConfig`
     fields, plus optionally ``budgets`` and ``feature_maps``."""
-    text = Path(path).read_text()
-    if str(path).endswith((".yaml", ".yml")):
-        import yaml
+    from lola.outputs import read_mapping
 
-        data = yaml.safe_load(text)
-    else:
-        data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"lola_config file {str(path)!r} must hold a mapping of LoLAConfig fields")
-    return data
+    return read_mapping(path, "model_args lola_config")
 
 
 def _parse_value(value: Any) -> Any:
     # model_args arrive as strings, ints, floats or bools; lists and dicts can be given as JSON.
+    # lm-eval's command line reads "-1" as -1.0: a whole float becomes the int it was written
+    # as (LoLAConfig's float fields take ints, its int fields refuse floats).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     if isinstance(value, str) and value[:1] in "[{":
         try:
             return json.loads(value)
@@ -103,6 +100,13 @@ def lola_config_from_args(
             else uniform), ``"uniform"`` / ``None``, a shipped name or a ``lola calibrate`` file.
         **fields: LoLAConfig fields; they override the file's.
     """
+    for arg, value, kinds in (
+        ("lola_config", lola_config, (str, os.PathLike, dict, LoLAConfig)),
+        ("feature_maps", feature_maps, (str, os.PathLike)),
+        ("budgets", budgets, (str,)),
+    ):
+        if value is not None and not isinstance(value, kinds) and not (arg == "feature_maps" and hasattr(value, "merge_into")):
+            raise TypeError(f"model_args {arg} must be a name or a path, got {value!r} ({type(value).__name__})")
     if isinstance(lola_config, LoLAConfig):
         base: dict[str, Any] = lola_config.model_dump(exclude_unset=True)
     elif isinstance(lola_config, dict):
@@ -187,6 +191,23 @@ def check_model_args(kwargs: dict[str, Any], registered: bool) -> None:
             raise ValueError(f"unknown model_args {key!r}{hint}")
 
 
+def _check_hflm_sizes(kwargs: dict[str, Any]) -> None:
+    """Refuse sizes that ``HFLM`` passes on unchecked: ``batch_size`` (an int >= 1, or lm-eval's
+    ``auto``/``auto:N``), ``max_batch_size``, ``max_length`` (ints >= 1)."""
+    for name in ("batch_size", "max_batch_size", "max_length"):
+        value = kwargs.get(name)
+        if value is None or (name == "batch_size" and isinstance(value, str) and value.split(":")[0] == "auto"):
+            continue
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            expected = "an int >= 1 or auto" if name == "batch_size" else "an int >= 1"
+            raise ValueError(f"model_args {name} must be {expected}, got {kwargs[name]!r}")
+        kwargs[name] = value
+
+
 class LoLALM(HFLM):
     """lm-eval's ``HFLM`` with :func:`~lola.integrations.transformers.apply_lola` applied.
 
@@ -219,6 +240,7 @@ class LoLALM(HFLM):
         **kwargs: Any,
     ) -> None:
         apply_lola = parse_flag("apply_lola", apply_lola)
+        _check_hflm_sizes(kwargs)
         fields = {k: kwargs.pop(k) for k in list(kwargs) if k in LoLAConfig.model_fields}
         name = pretrained if _registered(pretrained) else None
         check_model_args(kwargs, registered=name is not None)
@@ -246,6 +268,14 @@ class LoLALM(HFLM):
             self._lola_model_name = str(pretrained) if isinstance(pretrained, (str, os.PathLike)) else None
         self.lola_config = cfg
         self.lola_feature_maps = None if maps is None else str(maps.path)
+        if cfg is not None and budgets not in (None, "uniform", "auto"):  # budgets for another model
+            from lola import budgets as head_budgets
+            from lola.errors import about
+            from lola.pretrained.folder import model_geometry
+
+            geometry = model_geometry(self.model)
+            with about(f"model_args budgets={budgets}"):
+                head_budgets.load(budgets).check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
         if cfg is not None:
             from lola.integrations.transformers import apply_lola as _apply
 

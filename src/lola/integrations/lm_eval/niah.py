@@ -4,11 +4,15 @@
 builds for the same options — the same :func:`lola.eval.runner.niah_prompts`, depths and
 seeds — and writes them to a folder that lm-eval reads with ``--include_path``:
 
-- ``<name>.jsonl``: one line per sample (``text``, ``answers``, ``length``, ``depth``, …);
+- ``<name>.<digest>.jsonl``: one line per sample (``text``, ``answers``, ``length``, ``depth``, …);
+- ``<name>_utils_<digest>.py``: RULER's ``string_match_all`` as ``process_results`` (the
+  fraction of the reference strings found, case-insensitive, in the prediction), overall and
+  per length;
 - ``<name>.yaml``: the task (``dataset_path: json``, ``output_type: generate_until``,
-  ``doc_to_text: text``, greedy decoding for as many tokens as ``lola niah`` generates);
-- ``<name>_utils.py``: RULER's ``string_match_all`` as ``process_results`` (the fraction of the
-  reference strings found, case-insensitive, in the prediction), overall and per length.
+  ``doc_to_text: text``, greedy decoding for as many tokens as ``lola niah`` generates), which
+  names the other two (:func:`exported_files`). Those are named by their content and the YAML
+  is moved into place last: an export cut short leaves the previous task whole, and a new one
+  removes the files of the previous.
 
 The prompts are already wrapped in the model's chat template and end with the answer prefix;
 evaluate them *without* lm-eval's ``--apply_chat_template`` (its default), so that lm-eval
@@ -17,13 +21,15 @@ tokenizes the very text ``lola niah`` does. No lm-eval import is needed to expor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["export_niah", "load_tokenizer", "task_name"]
+__all__ = ["export_niah", "exported_files", "load_tokenizer", "task_name"]
 
 _UTILS = '''"""Scoring of the exported lola niah task (written by lola.integrations.lm_eval.niah)."""
 
@@ -72,16 +78,35 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> Any:
         return ByteTokenizer()
     from transformers import AutoTokenizer
 
-    path = models.fetch(key) if key in models.REGISTRY else Path(name_or_path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"no model at {path}; registered names: {', '.join(sorted([*models.REGISTRY, models.TINY_RANDOM]))}")
+    path = models.model_path(key)
     if path.is_file():
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return AutoTokenizer.from_pretrained(path)
 
 
-def _yaml(name: str, data_file: Path, new_tokens: int, lengths: list[int], header: str) -> str:
-    metrics = "\n".join(f"  - metric: string_match_all_{n}\n    aggregation: !function {name}_utils.aggregate\n    higher_is_better: true" for n in lengths)
+def exported_files(yaml_path: str | os.PathLike) -> tuple[Path, Path]:
+    """The prompts (``.jsonl``) and scoring module (``.py``) an exported task's YAML names."""
+    yaml_path = Path(yaml_path)
+    text = yaml_path.read_text(encoding="utf-8")
+    data = json.loads(re.search(r"^    test: (.+)$", text, re.M).group(1))
+    module = re.search(r"^process_results: !function (\w+)\.process_results$", text, re.M).group(1)
+    return Path(data), yaml_path.with_name(f"{module}.py")
+
+
+def _previous_export(out: Path, name: str) -> list[str]:
+    """The prompt and scoring files of earlier exports of task ``name`` in ``out`` (removed once
+    the new YAML is in place): those of the YAML there now, and the older fixed names."""
+    old = [out / f"{name}.jsonl", out / f"{name}_utils.py"]
+    if (out / f"{name}.yaml").is_file():
+        try:
+            old += list(exported_files(out / f"{name}.yaml"))
+        except (AttributeError, ValueError, OSError):  # not one of ours: check_target refuses it
+            pass
+    return [p.name for p in old if p.parent == out and _exported_by_us(p)]
+
+
+def _yaml(name: str, data_file: Path, utils_module: str, new_tokens: int, lengths: list[int], header: str) -> str:
+    metrics = "\n".join(f"  - metric: string_match_all_{n}\n    aggregation: !function {utils_module}.aggregate\n    higher_is_better: true" for n in lengths)
     return f"""{header}
 task: {name}
 dataset_path: json
@@ -94,7 +119,7 @@ output_type: generate_until
 doc_to_text: text
 doc_to_target: "{{{{answers | join(', ')}}}}"
 target_delimiter: ""
-process_results: !function {name}_utils.process_results
+process_results: !function {utils_module}.process_results
 metric_list:
   - metric: string_match_all
     aggregation: mean
@@ -124,6 +149,7 @@ def export_niah(
     question: str | None = None,
     answer_prefix: str | None = None,
     name: str | None = None,
+    max_positions: int | None = None,
 ) -> Path:
     """Write the prompts of ``lola niah`` with these options as an lm-eval task; returns the YAML path.
 
@@ -136,6 +162,8 @@ def export_niah(
         tokenizer: the evaluated model's tokenizer (prompts are sized in its tokens and
             wrapped in its chat template); see :func:`load_tokenizer`.
         name: the lm-eval task name (default :func:`task_name` of ``task``).
+        max_positions: the positions of the model to be evaluated (:func:`lola.models.max_positions`);
+            a longer length is refused.
 
     The data file is referenced by its absolute path: export again after moving the folder.
     A warning is printed when a prompt would not tokenize back to the same ids in lm-eval
@@ -157,6 +185,8 @@ def export_niah(
         methods=["full"],
         budgets=None,
     )
+    if max_positions is not None and max(run.lengths) > max_positions:
+        raise ValueError(f"--lengths: {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
     name = name or task_name(task)
     if not name.isidentifier():
         raise ValueError(f"the task name must be a Python identifier (letters, digits, underscores), got {name!r}")
@@ -164,8 +194,7 @@ def export_niah(
     from lola.outputs import check_output_folder, check_target, write_files
 
     check_output_folder(out, "--out")
-    for target in (out / f"{name}.jsonl", out / f"{name}_utils.py", out / f"{name}.yaml"):
-        check_target(target, _exported_by_us, "export-niah")  # before any prompt is built
+    check_target(out / f"{name}.yaml", _exported_by_us, "export-niah")  # before any prompt is built
     # The prompts run_niah builds (a test compares the two).
     rows = []
     mismatched = 0
@@ -180,20 +209,23 @@ def export_niah(
             "evaluate with model_args add_bos_token=False",
             file=sys.stderr,
         )
-    data_file = out / f"{name}.jsonl"
     options = run.model_dump(
         mode="json", include={"task", "lengths", "samples", "seed", "max_new_tokens", "haystack_file", "needle", "question", "answer_prefix"}
     )
     header = f"{_YAML_MARK}: the prompts of `lola niah` with\n# " + json.dumps(options)
+    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    utils = _UTILS.format(lengths=list(run.lengths))
+    # lm-eval reads the YAML, which names the other two: they are named by their content and the
+    # YAML is renamed into place last, so a kill mid-export leaves the previous task whole.
+    digest = hashlib.sha256((data + utils).encode("utf-8")).hexdigest()[:16]
+    data_file, utils_module = out / f"{name}.{digest}.jsonl", f"{name}_utils_{digest}"
+    yaml_text = _yaml(name, data_file, utils_module, run.new_tokens, list(run.lengths), header)
     written = write_files(
         out,
-        {
-            data_file.name: "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows),
-            f"{name}_utils.py": _UTILS.format(lengths=list(run.lengths)),
-            f"{name}.yaml": _yaml(name, data_file, run.new_tokens, list(run.lengths), header),  # last: the task lm-eval reads
-        },
+        {data_file.name: data, f"{utils_module}.py": utils, f"{name}.yaml": yaml_text},
         ours=_exported_by_us,
         writer="export-niah",
+        remove=_previous_export(out, name),
     )
     return written[-1]
 

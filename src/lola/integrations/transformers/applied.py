@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +14,7 @@ import torch
 from lola.config import LoLAConfig
 from lola.layer import LoLAAttention
 
-__all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "config_entry", "saved_config", "weights_digest"]
+__all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "attention_switched", "check_attention_implementation", "config_entry", "saved_config", "weights_digest"]
 
 CONFIG_KEY = "lola"
 """The attribute of a transformers config (and key of ``config.json``) that holds :func:`config_entry`."""
@@ -32,6 +34,10 @@ class AppliedLoLA:
         fingerprint: what a saved cache must match (model shape, config, weight digest).
         merged_weights: stock projection weights replaced by merged LoRA ones (restored on removal).
         feature_maps: the folder the trained maps came from, or ``None``.
+        forward_check: the handle of the forward pre-hook that runs
+            :func:`check_attention_implementation` (removed by ``remove_lola``).
+        deliberate_implementation: the attention implementation a model runs on purpose inside
+            :func:`attention_switched` (stage 2's teacher passes), or ``None``.
     """
 
     config: LoLAConfig
@@ -42,6 +48,8 @@ class AppliedLoLA:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     merged_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     feature_maps: str | None = None
+    forward_check: Any = None
+    deliberate_implementation: str | None = None
 
 
 def config_entry(config: LoLAConfig, lora_merged: bool) -> dict:
@@ -71,6 +79,52 @@ def applied(model: torch.nn.Module, needed_by: str | None = None) -> AppliedLoLA
     if info is None and needed_by is not None:
         raise ValueError(f"{needed_by} needs a model prepared with lola.apply_lola(model, config)")
     return info
+
+
+def check_attention_implementation(model: torch.nn.Module) -> None:
+    """Refuse a LoLA model whose attention implementation is no longer LoLA's
+    (``model.set_attn_implementation("sdpa")`` after ``apply_lola``): its layers would run stock
+    attention without a word. Run before every forward and by ``LoLACache.check_model``.
+
+    Accepted: ``"lola"``, an attention function lola registered (the training hybrid of
+    ``lola linearize``, which computes the same layers in parallel form), and the implementation
+    of an :func:`attention_switched` block (stage 2's teacher passes).
+    """
+    from lola.integrations.transformers.attention import ATTENTION_NAME
+
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl == ATTENTION_NAME:
+        return
+    info = getattr(model, "_lola", None)
+    if info is not None and impl == info.deliberate_implementation:
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    function = ALL_ATTENTION_FUNCTIONS.get(impl) if isinstance(impl, str) else None
+    if not (getattr(function, "__module__", None) or "").startswith("lola."):
+        raise ValueError(
+            f"LoLA is applied to this model but its attention implementation is now {impl!r}: its layers would not run LoLA; "
+            f"call model.set_attn_implementation({ATTENTION_NAME!r}) again, or remove_lola(model) to use the stock model"
+        )
+
+
+@contextmanager
+def attention_switched(model: torch.nn.Module, implementation: str) -> Iterator[None]:
+    """Run a LoLA model on another attention implementation on purpose, inside the block only
+    (e.g. the stock teacher passes of ``lola linearize`` stage 2); the previous one is restored
+    after it. Outside such a block a switched model refuses to run
+    (:func:`check_attention_implementation`)."""
+    info = getattr(model, "_lola", None)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(implementation)
+    if info is not None:
+        info.deliberate_implementation = implementation
+    try:
+        yield
+    finally:
+        if info is not None:
+            info.deliberate_implementation = None
+        model.set_attn_implementation(previous)
 
 
 def weights_digest(model: torch.nn.Module) -> str:

@@ -11,7 +11,7 @@ import torch
 from lola.config import LoLAConfig
 from lola.integrations.transformers.applied import CONFIG_KEY, AppliedLoLA, config_entry
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
-from lola.integrations.transformers.generation import install_generation_hook, remove_generation_hook
+from lola.integrations.transformers.generation import install_forward_check, install_generation_hook, remove_forward_check, remove_generation_hook
 from lola.integrations.transformers.support import check_architecture
 from lola.layer import LoLAAttention, compose
 from lola.pretrained.geometry import attention_geometry, attention_modules
@@ -29,10 +29,10 @@ def apply_lola(
 
     Each attention module gets a ``lola`` submodule (:class:`lola.LoLAAttention`: feature maps
     and window factors, trainable and saved with the model), the model's attention
-    implementation becomes ``"lola"`` (function and mask registered with transformers), and
-    layers listed in ``config.full_attention_layers`` keep stock attention. Per-layer settings
-    come from ``config.layer_overrides``. The softmax scale is the module's own ``scaling``
-    unless ``config.scale`` is set.
+    implementation becomes ``"lola"`` (function and mask registered with transformers; every
+    forward checks it still is), and layers listed in ``config.full_attention_layers`` keep
+    stock attention. Per-layer settings come from ``config.layer_overrides``. The softmax scale
+    is the module's own ``scaling`` unless ``config.scale`` is set.
 
     Args:
         model: a transformers Llama-family model (``LlamaForCausalLM``, ``MistralForCausalLM``,
@@ -99,6 +99,7 @@ def apply_lola(
         fingerprint=_fingerprint(model, config, num_layers),
     )
     install_generation_hook(model)
+    install_forward_check(model)
     model.config.lola = config_entry(config, lora_merged=False)  # save_pretrained writes it to config.json
     if maps is not None:
         import re
@@ -135,6 +136,7 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
 
         restore_weights(model, info.merged_weights)  # the stock projections, bit for bit
     remove_generation_hook(model)
+    remove_forward_check(model)
     if hasattr(model.config, CONFIG_KEY):
         delattr(model.config, CONFIG_KEY)
     del model._lola

@@ -71,6 +71,16 @@ def lola_attention_forward(
     if lola_attn is None:  # a layer left as full attention
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        layer = _ANNOUNCED.get()
+        if layer is not None and layer.pending_key is key:
+            # Its cache layer is a LoLA one (apply_lola made it LoLA; its `lola` was deleted
+            # since): that cache returns only the new keys, so SDPA would read them alone.
+            _ANNOUNCED.set(None)
+            raise ValueError(
+                f"layer {getattr(module, 'layer_idx', '?')} has a LoLA cache layer but no LoLA module (its `lola` was removed after apply_lola): "
+                "it would attend over the new tokens only; call remove_lola(model) and apply_lola again"
+            )
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if dropout:
         raise ValueError("LoLA attention does not implement attention dropout; call model.eval() or set attention_dropout=0")

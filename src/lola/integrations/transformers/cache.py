@@ -15,8 +15,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from lola.checksums import sha256_file
 from lola.composer import LoLAMemory
-from lola.integrations.transformers.applied import applied, weights_digest
-from lola.integrations.transformers.attention import ATTENTION_NAME, announce
+from lola.integrations.transformers.applied import applied, check_attention_implementation, weights_digest
+from lola.integrations.transformers.attention import announce
+from lola.limits import MAX_TOKENS
 
 __all__ = ["LoLACache", "LoLACacheLayer"]
 
@@ -138,12 +139,7 @@ class LoLACache(Cache):
             raise ValueError("this LoLACache was built for another model: build one with LoLACache(model)")
         if own is None or getattr(own, "_lola", None) is not self._applied:
             raise ValueError("this LoLACache is stale: LoLA was removed from (or re-applied to) its model since it was built; build a new LoLACache(model)")
-        impl = getattr(own.config, "_attn_implementation", None)
-        if impl != ATTENTION_NAME:
-            raise ValueError(
-                f"LoLA is applied to this model but its attention implementation is now {impl!r}: its layers would not run LoLA; "
-                f"call model.set_attn_implementation({ATTENTION_NAME!r}) again, or remove_lola(model) to use the stock model"
-            )
+        check_attention_implementation(own)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if layer_idx == 0:  # once per forward: the model must still be patched as it was
@@ -201,7 +197,9 @@ class LoLACache(Cache):
             "sha256": digest,
         }
         meta["checksum"] = _meta_checksum(meta)
-        stale = [name for name in (previous, _LEGACY_TENSORS) if name and name != weights]
+        # Only the file the earlier cache.json names is ours to remove (the legacy fixed name
+        # too, when it names it); a cache.safetensors beside no lola cache.json is someone's.
+        stale = [previous] if previous and previous != weights else []
         write_files(directory, {weights: data, _META_FILE: json.dumps(meta, indent=2) + "\n"}, writer="LoLACache.save", remove=stale)
 
     @classmethod
@@ -215,7 +213,11 @@ class LoLACache(Cache):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        from lola.outputs import finish_pending
+
         cache = cls(model)
+        if os.path.isdir(directory):
+            finish_pending(directory)  # a save that a kill cut short: completed first
         meta_path = os.path.join(directory, _META_FILE)
         if not os.path.isfile(meta_path):
             raise ValueError(f"{directory} does not hold a lola cache: {meta_path} is missing")
@@ -239,8 +241,14 @@ class LoLACache(Cache):
                 f"the cache in {directory} was saved for another model, other weights or feature maps, or another LoLA config (they differ in {diff})"
             )
         lengths = meta.get("cumulative_lengths")
-        if not (isinstance(lengths, list) and len(lengths) == len(cache.layers) and all(type(n) is int and n >= 0 for n in lengths)):
-            raise ValueError(f"{meta_path}: cumulative_lengths must be {len(cache.layers)} non-negative integers, got {lengths!r}")
+        # Positions beyond the model's (or any context LoLA is meant for) would decode with
+        # RoPE far outside what it was trained on.
+        positions = getattr(model.config, "max_position_embeddings", None)
+        most = min(MAX_TOKENS, positions) if type(positions) is int and positions > 0 else MAX_TOKENS
+        if not (isinstance(lengths, list) and len(lengths) == len(cache.layers) and all(type(n) is int and 0 <= n <= most for n in lengths)):
+            shown = repr(lengths[:8])[:-1] + ", ...]" if isinstance(lengths, list) and len(lengths) > 8 else repr(lengths)
+            bound = f"the model's max_position_embeddings ({positions})" if most != MAX_TOKENS else f"lola.limits.MAX_TOKENS ({MAX_TOKENS})"
+            raise ValueError(f"{meta_path}: cumulative_lengths must be {len(cache.layers)} integers from 0 to {bound}, got {shown}")
         try:
             tensors = load_file(weights)
         except (SafetensorError, OSError) as e:

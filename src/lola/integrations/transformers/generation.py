@@ -5,6 +5,13 @@ transformers' ``generate`` builds its default cache in ``_prepare_cache_for_gene
 that method on the model *instance* (the class and other models are untouched) so that any
 caller that passes no cache — pipelines, lm-eval, TRL — gets a fresh ``LoLACache``; a cache
 LoLA cannot use is refused before any compute. :func:`remove_lola` takes the shadow away.
+
+Every forward, with a cache or without, first runs
+:func:`~lola.integrations.transformers.applied.check_attention_implementation` (a forward
+pre-hook, :func:`install_forward_check`): a model switched to another attention implementation
+after ``apply_lola`` is refused instead of running stock attention. A switch made on purpose
+(stage 2 of ``lola linearize`` runs its teacher passes on the stock attention) goes through
+:func:`~lola.integrations.transformers.applied.attention_switched`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_cache", "install_generation_hook", "remove_generation_hook"]
+__all__ = ["check_cache", "install_forward_check", "install_generation_hook", "remove_forward_check", "remove_generation_hook"]
 
 _HOOK = "_prepare_cache_for_generation"
 _CACHE_KWARGS = ("cache", "past_key_values")  # the name generate uses (transformers >= 5.24), and the old one
@@ -55,3 +62,23 @@ def install_generation_hook(model: torch.nn.Module) -> None:
 def remove_generation_hook(model: torch.nn.Module) -> None:
     """Undo :func:`install_generation_hook`."""
     model.__dict__.pop(_HOOK, None)
+
+
+def _check_forward(model: torch.nn.Module, args: Any) -> None:
+    from lola.integrations.transformers.applied import check_attention_implementation
+
+    check_attention_implementation(model)  # attribute reads: nothing waits for the device
+
+
+def install_forward_check(model: torch.nn.Module) -> None:
+    """Check the attention implementation before every forward of ``model`` (the hook's handle is
+    kept in ``model._lola.forward_check``)."""
+    model._lola.forward_check = model.register_forward_pre_hook(_check_forward)
+
+
+def remove_forward_check(model: torch.nn.Module) -> None:
+    """Undo :func:`install_forward_check`."""
+    handle = getattr(model._lola, "forward_check", None)
+    if handle is not None:
+        handle.remove()
+        model._lola.forward_check = None

@@ -1,0 +1,144 @@
+"""How lola reports bad input: one message that names the input at fault, on one line.
+
+The one mechanism behind every message a user reads (docs/design.md, "Hostile input"):
+
+- :class:`UnknownName` for a name that no registry holds: a ``KeyError`` (what ``dict``
+  lookups raise, so ``except KeyError`` keeps working) that is also a ``ValueError`` (bad input)
+  and whose text is its sentence, not the quoted key.
+- :class:`InputError` and :func:`about`: an error raised while one input is consumed (an option,
+  a model_arg, a file) is re-raised naming that input, unless it already does.
+- :func:`describe`: any error as one line; a pydantic ``ValidationError`` names its fields.
+- :func:`report`: the boundary of every command (``lola``, ``export-niah``, the lm-eval entry):
+  a user error becomes one line ``PROG: error: MESSAGE`` and exit status 2; anything else is a
+  bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["USER_ERRORS", "InputError", "UnknownName", "about", "describe", "describe_validation", "option_name", "report"]
+
+# What bad input raises. pydantic's ValidationError is a ValueError. A plain KeyError is not
+# here: a lookup of user input raises UnknownName, so a bare KeyError is a bug.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError)
+
+# pydantic error types whose message is clearer with the value that was given.
+_SHOW_INPUT = ("finite_number", "less_than_equal", "greater_than_equal", "greater_than", "less_than", "multiple_of")
+
+
+class UnknownName(KeyError, ValueError):
+    """A name no registry holds (a model, a policy, shipped maps, a corpus); ``str()`` is the
+    whole sentence (a ``KeyError``'s would be its quoted repr)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown name"
+
+
+class InputError(ValueError):
+    """An error about one named input: ``str()`` is ``"INPUT: message"``.
+
+    Attributes:
+        input: the input at fault as the user wrote it (``--budgets``, ``model_args window``,
+            a file's path).
+        message: what is wrong with it.
+    """
+
+    def __init__(self, input: str, message: str) -> None:
+        super().__init__(f"{input}: {message}")
+        self.input = input
+        self.message = message
+
+
+def describe_validation(err: Any, name: Callable[[str], str] | None = None) -> str:
+    """A pydantic ``ValidationError`` as ``field: message; …`` on one line.
+
+    Args:
+        err: the ``ValidationError``.
+        name: how a top-level field is named to the user (:func:`option_name` for a command's
+            options); nested fields then follow in brackets (``--variants[a]``). Without it,
+            fields are dotted paths (``layer_overrides.0.window``).
+    """
+    from pydantic import ValidationError
+
+    parts = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"]]
+        where = ""
+        if loc:
+            where = name(loc[0]) + "".join(f"[{x}]" for x in loc[1:]) if name is not None else ".".join(loc)
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown option {loc[-1]!r}" if name is not None else f"unknown field {'.'.join(loc)!r}")
+            continue
+        inner = (e.get("ctx") or {}).get("error")
+        msg = describe_validation(inner) if isinstance(inner, ValidationError) else e["msg"].removeprefix("Value error, ")
+        if e["type"].endswith("_type") or e["type"] in _SHOW_INPUT:
+            msg += f", got {e['input']!r} ({type(e['input']).__name__})"
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)
+
+
+def option_name(field: str) -> str:
+    """A config field as the command-line option that sets it: ``max_new_tokens`` →
+    ``--max-new-tokens``."""
+    return "--" + field.replace("_", "-")
+
+
+def describe(err: BaseException, name: Callable[[str], str] | None = None) -> str:
+    """``err`` as one line: a ``ValidationError`` names its fields (through ``name``, see
+    :func:`describe_validation`), a ``KeyError`` shows its sentence without quotes; newlines
+    and runs of spaces are folded."""
+    import pydantic
+
+    if isinstance(err, pydantic.ValidationError):
+        text = describe_validation(err, name)
+    elif isinstance(err, KeyError) and err.args and not isinstance(err, UnknownName):
+        text = str(err.args[0])
+    else:
+        text = str(err) or type(err).__name__
+    return " ".join(text.split())
+
+
+@contextmanager
+def about(input: str) -> Iterator[None]:
+    """Re-raise a user error raised inside as an :class:`InputError` naming ``input``.
+
+    An :class:`InputError` passes unchanged (it already names its input), and so does a message
+    that starts with ``input``. ``OSError``\\ s become ``InputError`` too: a command reports them
+    the same way. The original error is kept as ``__cause__`` (``--debug`` shows it).
+
+    Example::
+
+        with about("--budgets"):
+            budgets = load(args.budgets)
+    """
+    try:
+        yield
+    except InputError:
+        raise
+    except (*USER_ERRORS, KeyError) as err:
+        text = describe(err)
+        if text.startswith(input):
+            raise
+        raise InputError(input, text) from err
+
+
+def report(prog: str, err: BaseException, debug: bool = False, name: Callable[[str], str] | None = option_name) -> int:
+    """The boundary of a command: a user error printed as one line ``PROG: error: MESSAGE`` on
+    stderr, returning exit status 2.
+
+    A ``RuntimeError`` (a failed download, a damaged installation: messages that say what to
+    do, but that may also be bugs) and a ``MemoryError`` (a state refused before it is
+    allocated, naming its sizes) are printed the same way with a pointer to ``--debug``.
+    Anything else (a bare ``KeyError``, ``AttributeError``…) is a bug: re-raised with its
+    traceback, as is every error when ``debug`` is set. A ``ValidationError`` here comes from a
+    command's options: its fields are named by ``name`` (default :func:`option_name`).
+    """
+    if debug or not isinstance(err, (*USER_ERRORS, RuntimeError, MemoryError)):
+        raise err
+    more = "" if isinstance(err, USER_ERRORS) else " (run with --debug for the traceback)"
+    print(f"{prog}: error: {describe(err, name)}{more}", file=sys.stderr)
+    return 2

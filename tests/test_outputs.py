@@ -194,3 +194,19 @@ def test_read_json_refuses_a_key_given_twice(tmp_path):
     path.write_text('{"window": 8, "nested": {"a": 1, "a": 2}}')
     with pytest.raises(ValueError, match=r"r.json.*'a' appears twice"):
         read_json(path, "a results file")
+
+
+def test_recovery_never_replaces_a_file_changed_since_the_write_was_cut(tmp_path, monkeypatch):
+    """A file edited (or put in place) after the kill is someone's now: the journal names the
+    state it expected to replace, and recovery leaves the file and refuses by name."""
+    from lola.outputs import finish_pending
+
+    write_files(tmp_path, {"a": b"1", "b": b"1"})
+    monkeypatch.setattr(lola.outputs.os, "replace", _kill_after(2))  # the journal and "a"
+    with pytest.raises(KeyboardInterrupt):
+        write_files(tmp_path, {"a": b"2", "b": b"2"})
+    monkeypatch.undo()
+    (tmp_path / "b").write_bytes(b"the user's edit after the crash")
+    with pytest.raises(ValueError, match=r"b changed since"):
+        finish_pending(tmp_path)
+    assert (tmp_path / "b").read_bytes() == b"the user's edit after the crash"

@@ -8,8 +8,9 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["changed_inputs", "content_digest", "sha256_file"]
+__all__ = ["changed_inputs", "content_digest", "sha256_file", "weights_digest"]
 
 
 def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
@@ -57,3 +58,34 @@ def changed_inputs(saved: Mapping[str, object] | None, current: Mapping[str, obj
     if not isinstance(saved, Mapping):
         return []
     return sorted(k for k, v in current.items() if k in saved and saved[k] != v)
+
+
+WEIGHT_SAMPLES = 4096
+"""Values of each tensor that :func:`weights_digest` hashes (evenly strided, the first included)."""
+
+
+def weights_digest(model: Any) -> str:
+    """A fingerprint of a loaded model's weights, whatever name or path loaded them: the sha256
+    of every tensor of its ``state_dict`` (name, shape and ``WEIGHT_SAMPLES`` evenly strided
+    values, as float64; cheap even for billions of parameters).
+
+    Another model, or the same name holding other weights (a re-downloaded or fine-tuned
+    checkpoint), changes it; a resume records it (``model``) and refuses one that differs, so
+    that samples or training steps of two models never mix under one run. Taken before LoLA or
+    adapters modify the model.
+    """
+    import torch
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            digest.update(f"{name}\0{tuple(tensor.shape)}\n".encode())
+            if tensor.device.type == "meta" or tensor.numel() == 0:
+                continue
+            flat = tensor.detach().reshape(-1)
+            step = max(1, flat.numel() // WEIGHT_SAMPLES)
+            sample = flat[::step][:WEIGHT_SAMPLES].to("cpu")
+            # as float64 (exact for every float and int dtype up to 2**53): the same weights loaded
+            # in bfloat16 or float32 (on the GPU or the CPU) have one fingerprint
+            digest.update(sample.to(torch.float64).contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -40,7 +40,7 @@ def _check_int(option: str, value: Any, minimum: int, maximum: int = MAX_TOKENS)
 def _demo(args: argparse.Namespace) -> int:
     from lola.demo import check_demo_args, format_table, run_demo
 
-    check_demo_args(args.length, args.trials, args.budget, prefix="--")
+    check_demo_args(args.length, args.trials, args.budget, prefix="--", seed=args.seed)
     print(f"Needle recall, one attention head, {args.length} tokens, {args.trials} needle depths, exact budget {args.budget} tokens\n")
     print(format_table(run_demo(length=args.length, trials=args.trials, budget=args.budget, seed=args.seed)))
     return 0

@@ -403,7 +403,7 @@ class LoLAMemory:
                 whole = L == t
                 q_c, fq_c, k_c, v_c = (x.narrow(2, done, L) for x in (qp, fqp, kp, vp))
             else:
-                until = self.schedule.tokens_until_step(self.seen)
+                until = self._ask_schedule(self.seen)
                 length = torch.minimum(until, remaining)
                 stepping = (length == until) & (length > 0)
                 # One device read for the block's length, whether a step falls in it and the
@@ -528,7 +528,7 @@ class LoLAMemory:
             stepping = seen.new_full(seen.shape, step, dtype=torch.bool) if step else None
             until = self._until - 1 or None
         else:
-            due = self.schedule.tokens_until_step(seen)
+            due = self._ask_schedule(seen)
             lo_until, hi_until = torch.stack([due.min(), due.max()]).tolist()  # the one read there was
             self._check_until(lo_until, hi_until)
             stepping = due == 1 if lo_until == 1 else None
@@ -579,8 +579,30 @@ class LoLAMemory:
         return self._seen_range
 
     def _host_until(self, seen: torch.Tensor) -> int:
-        until = int(self.schedule.tokens_until_step(seen)[0])
+        until = int(self._ask_schedule(seen)[0])
         self._check_until(until, until)
+        return until
+
+    def _ask_schedule(self, seen: torch.Tensor) -> torch.Tensor:
+        """The schedule's ``tokens_until_step(seen)``, the one way the composer asks it: a
+        plug-in's failure, or an answer that is not an integer tensor shaped and placed like
+        ``seen``, is an error naming the schedule. Only metadata is read here (no device sync);
+        the values are checked by :meth:`_check_until` with the read the caller already makes."""
+        try:
+            until = self.schedule.tokens_until_step(seen)
+        except (MemoryError, torch.OutOfMemoryError):  # not the schedule's fault: kept as it is
+            raise
+        except Exception as err:
+            raise RuntimeError(f"schedule {self.schedule!r} failed in tokens_until_step(): {type(err).__name__}: {err}") from err
+        expected = f"an integer tensor [B] = {tuple(seen.shape)} on {seen.device}"
+        if not isinstance(until, torch.Tensor):
+            raise TypeError(f"schedule {self.schedule!r} returned {type(until).__name__} {until!r} from tokens_until_step(), expected {expected}")
+        if until.dtype == torch.bool or until.is_floating_point() or until.is_complex():
+            raise TypeError(f"schedule {self.schedule!r} returned {until.dtype} from tokens_until_step(), expected {expected} (a whole number of tokens)")
+        if until.shape != seen.shape:
+            raise ValueError(f"schedule {self.schedule!r} returned shape {tuple(until.shape)} from tokens_until_step(), expected {expected}")
+        if until.device != seen.device:
+            raise ValueError(f"schedule {self.schedule!r} returned a tensor on {until.device} from tokens_until_step(), expected {expected}")
         return until
 
     def _check_until(self, lo: int, hi: int) -> None:
@@ -652,6 +674,10 @@ class LoLAMemory:
             )
         if scores.shape != candidates.pos.shape:
             raise ValueError(f"policy {describe(self.policy)} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
+        if scores.device != candidates.pos.device:
+            raise ValueError(
+                f"policy {describe(self.policy)} returned scores on {scores.device}, expected them on the candidates' device {candidates.pos.device}"
+            )
         return scores
 
     def __repr__(self) -> str:
@@ -782,6 +808,15 @@ def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None
     seen = state["seen"]
     if seen.dtype != torch.int64 or seen.dim() != 1:
         raise ValueError(f"state['seen'] must be a 1-D torch.int64 tensor, got {seen.dtype} {tuple(seen.shape)}")
+    # One device for the whole state: the memory's once allocated, else the one 'seen' is on;
+    # never `meta` (shapes without data).
+    device = memory.seen.device if memory is not None and memory.allocated else seen.device
+    where = "this memory's" if memory is not None and memory.allocated else "state['seen']'s"
+    for key, t in state.items():
+        if t.device.type == "meta":
+            raise ValueError(f"state[{key!r}] lies on the meta device: it holds no values")
+        if t.device != device:
+            raise ValueError(f"state[{key!r}] lies on {t.device}, but {where} device is {device}: a state lies on one device")
     if memory is not None:
         _check_layout(state, memory)
     for key, t in state.items():
@@ -807,6 +842,8 @@ def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None
             raise ValueError(f"state[{key!r}] must be [batch {seen.shape[0]}, heads, slots] torch.int64 integers, got {pos.dtype} {tuple(pos.shape)}")
         if bool((pos >= seen.view(-1, 1, 1)).any()):
             raise ValueError(f"state[{key!r}] holds a position at or beyond its row's 'seen' count")
+    if memory is not None and isinstance(memory.window, SlidingWindow):
+        _check_window(state, seen, memory)
     # Memories with the same storage heads are compared together (per-head sparse sizes may
     # store a memory per query head while the others store per K/V head).
     by_heads: dict[int, list[tuple[str, torch.Tensor]]] = {}
@@ -818,3 +855,31 @@ def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None
         repeated = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
         if bool(repeated.any()):
             raise ValueError(f"a position is held twice in one row and storage head ({', '.join(k for k, _ in group)}): the state is damaged")
+
+
+def _check_window(state: dict[str, torch.Tensor], seen: torch.Tensor, memory: LoLAMemory) -> None:
+    """A :class:`~lola.memory.SlidingWindow` holds its row's newest tokens: per row and storage
+    head, ``n`` consecutive positions ending at ``seen - 1`` (none while the row fills its
+    sinks), and at least ``min(size, seen - sinks)`` of them (a step keeps the newest ``size``)."""
+    window = memory.window
+    key = f"{window.name}.pos"
+    pos = state.get(key)
+    if pos is None or pos.shape[-1] == 0:
+        return
+    valid = pos >= 0
+    n = valid.sum(-1)  # [B, Hs]
+    newest = pos.amax(-1)
+    oldest = torch.where(valid, pos, torch.iinfo(torch.int64).max).amin(-1)
+    last = seen.view(-1, 1) - 1
+    sizes = window.head_sizes if window.head_sizes and len(window.head_sizes) == pos.shape[1] else [window.size] * pos.shape[1]
+    size = torch.tensor(sizes, dtype=torch.int64, device=pos.device).view(1, -1)
+    least = torch.minimum(size, (seen.view(-1, 1) - memory.sinks.capacity).clamp_min(0))
+    bad = ((n > 0) & ((newest != last) | (newest - oldest != n - 1))) | (n < least)
+    if bool(bad.any()):
+        row, head = (int(i) for i in bad.nonzero()[0])
+        held = sorted(int(p) for p in pos[row, head] if p >= 0)
+        span = f"positions {held[0]}..{held[-1]} ({len(held)} held)" if held else "no position"
+        raise ValueError(
+            f"state[{key!r}] row {row} storage head {head} holds {span}, but a sliding window holds its row's newest tokens: "
+            f"at least {int(least[row, head])} consecutive positions ending at seen - 1 = {int(seen[row]) - 1}"
+        )

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, field_validator, model_validator
 
+from lola.errors import short_repr
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, FEATURE_MAPS
 from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_SCALE, MAX_TOKENS
 
@@ -95,7 +96,8 @@ class LoLAConfig(BaseModel):
     policy_kwargs: dict[str, Any] = Field(default_factory=dict)
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
     affine: StrictBool = False
-    window_factor_init: FiniteFloat = -2.1972
+    # sigmoid(window_factor_init) weighs the two terms: beyond +-1e4 it is 0 or 1 anyway.
+    window_factor_init: Annotated[float, Strict(), Field(ge=-1e4, le=1e4, allow_inf_nan=False)] = -2.1972
     feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP
     feature_dim: Annotated[int, Strict(), Field(ge=1, le=MAX_FEATURE_DIM)] = 64
     # Bounded: the default is 1/sqrt(head_dim); a scale of 1e300 overflows every logit to inf.
@@ -174,7 +176,7 @@ class LoLAConfig(BaseModel):
         try:
             build_policy(self.policy, **self.policy_kwargs)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"policy_kwargs {self.policy_kwargs} do not fit policy {self.policy!r}: {err}") from None
+            raise ValueError(f"policy_kwargs {short_repr(self.policy_kwargs)} do not fit policy {self.policy!r}: {err}") from None
         return self
 
     def for_layer(self, index: int) -> "LoLAConfig":

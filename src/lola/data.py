@@ -17,6 +17,7 @@ same source and fraction.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -62,12 +63,19 @@ def _default_source() -> str:
     return default_corpus()
 
 
+MAX_TEXT_BYTES = 2**30
+"""Largest text file read (whole, into memory): 1 GiB, about 250 M tokens."""
+
+
 def read_text_file(path: str | Path) -> str:
     """A UTF-8 text file's content; a binary file (NUL bytes) or one that is not UTF-8 (more than
     1% undecodable bytes) is a ``ValueError`` naming it, never text with replacement characters."""
     from lola.outputs import check_regular_file
 
     path = check_regular_file(path, "a UTF-8 text file")  # a FIFO would block, a folder has no text
+    size = path.stat().st_size
+    if size > MAX_TEXT_BYTES:  # read whole into memory: a sparse 8 GiB file must not be
+        raise ValueError(f"text file {str(path)!r} holds {size / 2**30:.1f} GiB, more than the {MAX_TEXT_BYTES // 2**30} GiB lola reads as one text")
     raw = path.read_bytes()
     nul = raw.find(b"\x00")  # anywhere: a text with a binary tail is not text either
     if nul >= 0:
@@ -92,11 +100,12 @@ def load_documents(source: TextSource = None) -> list[tuple[str, str]]:
         docs = [d for s in source for d in load_documents(s)]
         if not docs:
             raise ValueError("the list of text sources is empty")
-        seen: set[str] = set()
+        seen: set[tuple[int, int]] = set()
         for name, _ in docs:  # a file twice would sit on both sides of a train/held-out split
             if not Path(name).is_file():  # a corpus document: its corpus names it
                 continue
-            key = str(Path(name).resolve())
+            st = os.stat(name)
+            key = (st.st_dev, st.st_ino)  # one file under two names (a hard link, ./a, a/../a) too
             if key in seen:
                 raise ValueError(f"text {name!r} is given twice in the list of text sources")
             seen.add(key)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field, Strict
 
 from lola.config import LoLAConfig
 from lola.layer import compose
@@ -57,15 +59,21 @@ MAX_LENGTH = 2**14
 :data:`lola.limits.MAX_TOKENS`, which bounds one memory rather than a quadratic score matrix."""
 MAX_TRIALS = 1_000_000
 """Most needle depths (time grows with them; a bound catches a typo such as ``10**12``)."""
+MAX_SEED = 2**63
+"""Seeds are ints in ``-MAX_SEED <= seed < MAX_SEED``: what :func:`torch.manual_seed` takes without
+overflowing (``lola demo``, ``lola niah`` and ``lola linearize`` share the bound)."""
+Seed = Annotated[int, Strict(), Field(ge=-MAX_SEED, lt=MAX_SEED)]
+"""A seed in a pydantic schema: an int (no bool or float), ``-2**63 <= seed < 2**63``."""
 
 DEMO_POLICIES = ("sre", "recency", "random")
 """The scoring policies the demo's ``lola`` method runs with (``lola-<policy>``)."""
 
 
-def check_demo_args(length: object, trials: object, budget: object, prefix: str = "") -> None:
+def check_demo_args(length: object, trials: object, budget: object, prefix: str = "", seed: object = 0) -> None:
     """Refuse demo settings that cannot run or would say nothing.
 
-    ``length``, ``trials`` and ``budget`` must be ints; ``length`` at most :data:`MAX_LENGTH`
+    ``length``, ``trials``, ``budget`` and ``seed`` must be ints (``seed`` in ``-2**63 <= seed < 2**63``,
+    what :func:`torch.manual_seed` takes); ``length`` at most :data:`MAX_LENGTH`
     (and :data:`lola.limits.MAX_TOKENS`), ``trials`` at most :data:`MAX_TRIALS`; ``budget`` at
     least :data:`MIN_BUDGET` and smaller than ``length`` (with the whole haystack exact, every
     method trivially recalls the needle). ``prefix`` goes before each name in the message
@@ -86,6 +94,8 @@ def check_demo_args(length: object, trials: object, budget: object, prefix: str 
         if maximum is not None and value > maximum:
             why = f" (the full method scores {prefix}length² token pairs at once)" if name == "length" else ""
             raise ValueError(f"{prefix}{name} must be <= {maximum}{why}, got {value}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -MAX_SEED <= seed < MAX_SEED:
+        raise ValueError(f"{prefix}seed must be an int in -2**63 .. 2**63 - 1 (a torch seed), got {seed!r}")
     if budget >= length:
         raise ValueError(
             f"{prefix}budget ({budget}) must be smaller than {prefix}length ({length}): with every token exact, all methods find the needle and the demo shows nothing"
@@ -107,7 +117,7 @@ def run_demo(length: int = 2048, trials: int = 8, budget: int = 128, head_dim: i
     Raises:
         ValueError: see :func:`check_demo_args`.
     """
-    check_demo_args(length, trials, budget)
+    check_demo_args(length, trials, budget, seed=seed)
     half = budget // 2
     settings = dict(window=budget - 4 - half, sparse_size=half, sinks=4, chunk=half, mixing="lola_authors")
     methods: dict[str, LoLAConfig] = {}

@@ -15,12 +15,13 @@ The one mechanism behind every message a user reads (docs/design.md, "Hostile in
 
 from __future__ import annotations
 
+import reprlib
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["USER_ERRORS", "InputError", "UnknownName", "about", "describe", "describe_validation", "option_name", "report"]
+__all__ = ["USER_ERRORS", "InputError", "UnknownName", "about", "describe", "describe_validation", "option_name", "report", "short_repr"]
 
 # What bad input raises. pydantic's ValidationError is a ValueError. A plain KeyError is not
 # here: a lookup of user input raises UnknownName, so a bare KeyError is a bug.
@@ -28,6 +29,17 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError)
 
 # pydantic error types whose message is clearer with the value that was given.
 _SHOW_INPUT = ("finite_number", "less_than_equal", "greater_than_equal", "greater_than", "less_than", "multiple_of")
+
+
+def short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: a message quotes what was given, never
+    a megabyte of it (a YAML alias bomb expands to 10**8 values)."""
+    cut = reprlib.Repr()
+    cut.maxstring = cut.maxother = limit
+    cut.maxlist = cut.maxdict = cut.maxtuple = cut.maxset = 8
+    cut.maxlevel = 3
+    text = cut.repr(value)
+    return text if len(text) <= limit + 20 else text[:limit] + "...'"
 
 
 class UnknownName(KeyError, ValueError):
@@ -76,7 +88,7 @@ def describe_validation(err: Any, name: Callable[[str], str] | None = None) -> s
         inner = (e.get("ctx") or {}).get("error")
         msg = describe_validation(inner) if isinstance(inner, ValidationError) else e["msg"].removeprefix("Value error, ")
         if e["type"].endswith("_type") or e["type"] in _SHOW_INPUT:
-            msg += f", got {e['input']!r} ({type(e['input']).__name__})"
+            msg += f", got {short_repr(e['input'])} ({type(e['input']).__name__})"
         parts.append(f"{where}: {msg}" if where else msg)
     return "; ".join(parts)
 

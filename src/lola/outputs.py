@@ -47,7 +47,9 @@ TEMP_PREFIX = ".lola-tmp-"
 """Temporary files of :func:`write_files` start with this (a kill can leave one; it is never read)."""
 
 PENDING_FILE = ".lola-pending.json"
-"""The journal of a group write: ``{"renames": [[temporary name, file name], …]}`` still to do."""
+"""The journal of a group write: ``{"renames": [[temporary name, file name, the state it replaces], …],
+"remove": [...]}``; a file whose state (inode, size, modification time) differs from the one
+recorded is someone's since, and is never replaced by recovery."""
 
 FileContent = Union[bytes, str, Callable[[Path], None]]
 """What :func:`write_files` writes: bytes, text (UTF-8), or a function that writes the file at
@@ -138,6 +140,8 @@ def read_json(path: Path, what: str) -> Any:
         raise ValueError(f"{path} is not {what}: invalid JSON, truncated or garbled ({err.msg} at line {err.lineno} column {err.colno})") from None
     except ValueError as err:  # a key given twice
         raise ValueError(f"{path} is not {what}: {err}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not {what}: it nests too deeply") from None
 
 
 def read_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
@@ -165,6 +169,8 @@ def read_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
 
         try:
             data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
+        except RecursionError:
+            raise ValueError(f"{what} {path} nests too deeply to be a file of options") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -176,6 +182,8 @@ def read_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
             raise ValueError(f"{what} {path} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
         except ValueError as err:  # a key given twice
             raise ValueError(f"{what} {path}: {err}") from None
+        except RecursionError:
+            raise ValueError(f"{what} {path} nests too deeply to be a file of options") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what} {path} must hold a mapping of options, got {type(data).__name__}")
     bad = [k for k in data if not isinstance(k, str)]
@@ -189,6 +197,14 @@ def _unique_key_loader() -> Any:
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            # An alias re-uses a node: a few KB of aliases expand to 10**8 values (a "billion
+            # laughs"); files of options never need one.
+            if self.check_event(yaml.events.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in files of options", event.start_mark)
+            return super().compose_node(parent, index)
+
         def construct_mapping(self, node: Any, deep: bool = False) -> dict:
             seen = set()
             for key_node, _ in node.value:
@@ -303,7 +319,7 @@ def write_files(
             _sync(tmp)
         for target in targets:
             check_target(target, ours, writer)  # nothing swapped in while the files were written
-        renames = [[tmp.name, target.name] for tmp, target in zip(temps, targets)]
+        renames = [[tmp.name, target.name, _file_state(target)] for tmp, target in zip(temps, targets)]
         stale = [name for name in remove if name not in files]
         group = len(renames) > 1 or bool(stale)
         if group:  # the journal makes the group's renames all-or-nothing
@@ -320,7 +336,17 @@ def write_files(
     return targets
 
 
-def _write_journal(folder: Path, renames: list[list[str]], remove: list[str]) -> None:
+def _file_state(path: Path) -> list[int] | None:
+    """``[inode, size, mtime_ns]`` of the file at ``path``, or ``None`` when there is none: what
+    a journal expects to replace, so that a file changed since is never replaced by recovery."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _write_journal(folder: Path, renames: list[list[Any]], remove: list[str]) -> None:
     """Write the journal of a group write atomically (temporary file, sync, rename)."""
     fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{PENDING_FILE}.", dir=folder)
     try:
@@ -349,20 +375,27 @@ def finish_pending(folder: str | os.PathLike) -> bool:
         return False
     try:
         data = json.loads(journal.read_text(encoding="utf-8"))
-        renames = [(str(a), str(b)) for a, b in data["renames"]]
+        renames = [(str(a), str(b), None if c is None else [int(x) for x in c]) for a, b, c in data["renames"]]
         remove = [str(x) for x in data.get("remove", [])]
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{journal} is not a lola journal of an interrupted write ({err}); remove it after checking the folder") from None
-    names = [n for pair in renames for n in pair] + remove
-    if any(Path(n).name != n or n in ("", ".", "..") for n in names) or any(not a.startswith(TEMP_PREFIX) for a, _ in renames):
+    names = [n for a, b, _ in renames for n in (a, b)] + remove
+    if any(Path(n).name != n or n in ("", ".", "..") for n in names) or any(not a.startswith(TEMP_PREFIX) for a, _, _ in renames):
         raise ValueError(f"{journal} names files outside its folder or not lola's temporary files; remove it after checking the folder")
-    for tmp, name in renames:
+    for tmp, name, expected in renames:
         source = journal.parent / tmp
-        if source.is_file() and not source.is_symlink():
-            target = journal.parent / name
-            if target.is_symlink():  # never write through a link, even to finish
-                raise ValueError(f"{target} is a symbolic link; the interrupted write in {journal.parent} is left unfinished")
-            os.replace(source, target)
+        if not source.is_file() or source.is_symlink():
+            continue  # renamed already
+        target = journal.parent / name
+        if target.is_symlink():  # never write through a link, even to finish
+            raise ValueError(f"{target} is a symbolic link; the interrupted write in {journal.parent} is left unfinished")
+        now = _file_state(target)
+        if now is not None and now != expected:  # changed (or created) since the write began: someone's now
+            raise ValueError(
+                f"{target} changed since lola's write into {journal.parent} was cut short; that write is left unfinished "
+                f"(its new files are the {TEMP_PREFIX}* files there; remove them and {PENDING_FILE} to drop it)"
+            )
+        os.replace(source, target)
     for name in remove:
         stale = journal.parent / name
         if stale.is_file() and not stale.is_symlink():

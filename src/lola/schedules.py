@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from lola.limits import MAX_TOKENS
 from lola.registry import Registry
 
 __all__ = ["ENTRY_POINT_GROUP", "Chunkwise", "Tokenwise", "UpdateSchedule", "available", "build", "register", "reload_entry_points", "unregister"]
@@ -125,8 +126,15 @@ def build(name: str, chunk: int, **kwargs: Any) -> UpdateSchedule:
     except KeyError as err:
         raise ValueError(err.args[0]) from None
     schedule = factory(chunk=chunk, **kwargs)
-    if not isinstance(schedule, UpdateSchedule) or not isinstance(schedule.period, int) or schedule.period < 1:
-        raise ValueError(f"schedule {name!r} built {schedule!r}: expected an UpdateSchedule with an int period >= 1")
+    if not isinstance(schedule, UpdateSchedule):
+        raise ValueError(f"schedule {name!r} built {schedule!r}: expected an UpdateSchedule (period and tokens_until_step)")
+    period = schedule.period
+    # The period sizes the window's buffer: bounded like every size (lola.limits), before
+    # anything is allocated.
+    if not isinstance(period, int) or isinstance(period, bool) or not 1 <= period <= MAX_TOKENS:
+        raise ValueError(
+            f"schedule {name!r} built {schedule!r} with period {period!r}: expected an int in 1..{MAX_TOKENS} (lola.limits.MAX_TOKENS; the period sizes the window's buffer)"
+        )
     return schedule
 
 

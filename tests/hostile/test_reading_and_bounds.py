@@ -139,7 +139,7 @@ def test_calibrate_sizes_are_bounded_before_the_model_loads(option, value, tmp_p
 def test_lm_eval_path_model_args_given_a_number_are_named(arg):
     from lola.integrations.lm_eval.model import lola_config_from_args
 
-    with pytest.raises(TypeError, match=f"model_args {arg} must be a name or a path, got 7"):
+    with pytest.raises(TypeError, match=f"model_args {arg}.* must be a name or a path, got 7"):
         lola_config_from_args(**{arg: 7})
 
 
@@ -204,3 +204,45 @@ def test_argparse_refusals_are_one_line_too(argv, capsys):
         main(argv)
     err = capsys.readouterr().err
     assert exit.value.code == 2 and err.count("\n") == 1 and "error: " in err and "--help" in err, err
+
+
+@pytest.mark.parametrize("suffix,text", [(".yaml", "x: &x [1, 2]\nvariants: {a: {policy_kwargs: {eps: *x}}}\n"), (".json", "[" * 50_000 + "]" * 50_000)])
+def test_option_files_that_expand_or_nest_without_bound_are_refused(suffix, text, tmp_path, capsys, no_model):
+    """A YAML alias re-uses a node (kilobytes that expand to 10**8 values); deep nesting
+    exhausts the parser's recursion: both are refused naming the file, quickly."""
+    path = tmp_path / f"run{suffix}"
+    path.write_text(text)
+    refused(capsys, [*NIAH, "--config", str(path), "--out", str(tmp_path / "r")], "--config", path.name)
+
+
+def test_messages_quote_a_short_part_of_huge_values():
+    from lola.errors import short_repr
+
+    huge = {"eps": [0.5] * 10**6, "name": "x" * 10**6}
+    assert len(short_repr(huge)) < 400 and short_repr("abc") == "'abc'" and short_repr(-1.0) == "-1.0"
+
+
+def test_a_text_too_large_to_read_whole_is_refused_by_name(tmp_path):
+    from lola.data import MAX_TEXT_BYTES, read_text_file
+
+    path = tmp_path / "huge.txt"
+    with open(path, "wb") as f:  # sparse: no disk used
+        f.truncate(MAX_TEXT_BYTES + 1)
+    with pytest.raises(ValueError, match=r"huge.txt.*GiB"):
+        read_text_file(path)
+
+
+def test_one_file_under_two_names_is_one_text_listed_twice(tmp_path):
+    from lola.data import load_documents
+
+    (tmp_path / "a.txt").write_text("one document. " * 20)
+    os.link(tmp_path / "a.txt", tmp_path / "b.txt")
+    with pytest.raises(ValueError, match="twice"):
+        load_documents([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")])
+
+
+def test_the_export_never_reads_a_fifo_in_its_old_files_place(tmp_path):
+    from lola.integrations.lm_eval.niah import _exported_by_us
+
+    os.mkfifo(tmp_path / "lola_niah_single_1_utils.py")
+    assert _exported_by_us(tmp_path / "lola_niah_single_1_utils.py") is False  # returns, never blocks

@@ -10,6 +10,13 @@ other than those of ``benchmarks/adversarial``):
   checked against the run (its methods, lengths and samples; strict types; finite numbers in
   range), and no sample may appear twice: a record is never summarised unless this run could
   have written it.
+- A record must also agree with itself and the run: its score is what its prediction scores
+  against its answers, its depth the one its index has, and no key is given twice.
+- Resumes fingerprint content, not names or paths: the loaded model's weights
+  (:func:`lola.linearize.checkpoint.weights_digest`, for ``lola niah`` and ``lola linearize``),
+  and path options are compared by the content they name (``./hay.txt`` resumes ``hay.txt``).
+- A hard-linked ``samples.jsonl`` is made the folder's own before it is appended to, and a
+  ``results.json`` that is not lola's is never written over.
 - A stage-2 checkpoint fingerprints the stage-1 maps it started from
   (:func:`lola.linearize.checkpoint.stage1_digest`): stage 1 retrained into the folder since is
   refused, naming the stale checkpoint.
@@ -60,6 +67,9 @@ def _record(**changes) -> dict:
         "seconds": 0.5,
         "tokens_per_second": 580.0,
     }
+    index = changes.get("index")
+    if "depth" not in changes and isinstance(index, int) and not isinstance(index, bool) and 0 <= index < RUN.samples:
+        rec["depth"] = (index + 0.5) / RUN.samples  # the depth this sample has (niah_prompts)
     rec.update(changes)
     return {k: v for k, v in rec.items() if v is not None}
 
@@ -134,7 +144,7 @@ def test_a_record_this_run_could_not_have_written_is_refused_naming_file_line_an
 
 @pytest.mark.parametrize(
     "copy",
-    [_record(), _record(score=0.0), _record(depth=0.5, cache_bytes=1)],
+    [_record(), _record(score=0.0, prediction="no digits"), _record(cache_bytes=1, seconds=0.7)],
     ids=["an identical copy", "another score", "other details"],
 )
 def test_a_sample_recorded_twice_is_refused_naming_both_lines(copy, tmp_path):
@@ -388,3 +398,240 @@ def test_lola_linearize_stage2_refuses_its_checkpoint_after_stage1_is_retrained(
     assert main([*LINEARIZE, "--stage", "1", "--steps", "3", "--out", out]) == 0
     capsys.readouterr()
     refused(capsys, [*LINEARIZE, "--stage", "2", "--stage2-steps", "3", "--out", out], "other stage-1 feature maps", "delete checkpoint-stage2.pt")
+
+
+# --- a record must agree with itself and with the run: its score with its prediction, its depth
+# with its index, every key once ----------------------------------------------------------------
+
+
+CONTRADICTIONS = [
+    ("a miss scored as a hit", _record(score=1.0, prediction="I do not know"), "score 1.0 is not what its prediction scores"),
+    ("a hit scored as a miss", _record(score=0.0, prediction="it is 1234567"), "score 0.0 is not what its prediction scores"),
+    ("the depth of another sample", _record(depth=0.25), "depth 0.25 is not the depth of sample 1"),
+    ("the depth of a 4-sample run", _record(depth=0.875), "depth 0.875"),
+    ('"method" given twice', '{"method": "full", ' + json.dumps(_record())[1:], "key 'method' appears twice"),
+]
+
+
+@pytest.mark.parametrize("name, bad, fragment", CONTRADICTIONS, ids=[c[0] for c in CONTRADICTIONS])
+def test_a_record_that_contradicts_itself_or_the_run_is_refused(name, bad, fragment, tmp_path):
+    out = tmp_path / "r"
+    _saved(out, records=[_record(index=0), bad])
+    with pytest.raises(ValueError) as err:
+        check_out_folder(out, RUN)
+    message = str(err.value)
+    assert "samples.jsonl: line 2" in message and fragment in message, message
+
+
+# --- resumes fingerprint content: the model's weights, and paths by what they hold ---------------
+
+
+def test_a_resume_on_other_weights_under_the_same_name_is_refused(tmp_path):
+    from lola.eval.runner import run_inputs
+    from lola.models import tiny_random
+
+    first, _ = tiny_random(seed=3)
+    out = tmp_path / "r"
+    _saved(out, records=[_record()])
+    data = json.loads((out / "results.json").read_text())
+    data["inputs"] = run_inputs(RUN, first)
+    (out / "results.json").write_text(json.dumps(data))
+    assert set(check_out_folder(out, RUN, first)) == {("window", 300, 1)}
+    assert set(check_out_folder(out, RUN)) == {("window", 300, 1)}  # before loading: not compared yet
+    with pytest.raises(ValueError, match="--model tiny-random-llama now loads weights that differ"):
+        check_out_folder(out, RUN, tiny_random(seed=4)[0])
+
+
+def test_the_weights_fingerprint_ignores_device_and_dtype_but_not_values():
+    from lola.linearize.checkpoint import weights_digest
+    from lola.models import tiny_random
+
+    model, _ = tiny_random(seed=5)
+    model = model.to(torch.bfloat16)
+    again = tiny_random(seed=5)[0].to(torch.bfloat16).to(torch.float32)  # the same bfloat16 values
+    assert weights_digest(model) == weights_digest(again)
+    with torch.no_grad():
+        next(again.parameters()).view(-1)[0] += 1
+    assert weights_digest(model) != weights_digest(again)
+
+
+def test_a_haystack_named_by_another_path_resumes_and_other_content_does_not(tmp_path, monkeypatch):
+    from lola.eval.runner import run_inputs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "book.txt").write_text("Once upon a time. " * 50)
+    (tmp_path / "copy.txt").write_text("Once upon a time. " * 50)
+    (tmp_path / "other.txt").write_text("Something else entirely. " * 50)
+    saved = RUN.model_copy(update={"haystack_file": "book.txt"})
+    out = tmp_path / "r"
+    _saved(out, saved)
+    data = json.loads((out / "results.json").read_text())
+    data["inputs"] = run_inputs(saved)
+    (out / "results.json").write_text(json.dumps(data))
+    for path in (str(tmp_path / "book.txt"), "./book.txt", "copy.txt"):
+        check_out_folder(out, RUN.model_copy(update={"haystack_file": path}))
+    with pytest.raises(ValueError, match="--haystack-file: saved 'book.txt', now 'other.txt'"):
+        check_out_folder(out, RUN.model_copy(update={"haystack_file": "other.txt"}))
+
+
+def _checkpoint(tmp_path, inputs: dict, **config):
+    from lola.linearize import LinearizeConfig
+    from lola.linearize.checkpoint import write_checkpoint
+
+    cfg = LinearizeConfig(steps=4, **config)
+    path = tmp_path / "checkpoint.pt"
+    write_checkpoint(path, {"config": cfg.model_dump(), "step": 2, "inputs": inputs})
+    return path
+
+
+def test_a_training_resume_on_other_teacher_weights_is_refused(tmp_path):
+    from lola.linearize import LinearizeConfig
+    from lola.linearize.checkpoint import load_checkpoint
+
+    path = _checkpoint(tmp_path, {"text": "t", "model": "weights-a"})
+    assert load_checkpoint(path, LinearizeConfig(steps=6), "--steps", {"text": "t", "model": "weights-a"})["step"] == 2
+    with pytest.raises(ValueError, match="other model weights: --model"):
+        load_checkpoint(path, LinearizeConfig(steps=6), "--steps", {"text": "t", "model": "weights-b"})
+
+
+def test_training_text_is_compared_by_content_not_by_path(tmp_path):
+    from lola.linearize import LinearizeConfig
+    from lola.linearize.checkpoint import load_checkpoint
+
+    path = _checkpoint(tmp_path, {"text": "digest-1"}, text=["notes/a.txt"])
+    load_checkpoint(path, LinearizeConfig(steps=6, text=["elsewhere/b.txt"]), "--steps", {"text": "digest-1"})
+    with pytest.raises(ValueError, match="other options .*text"):
+        load_checkpoint(path, LinearizeConfig(steps=6, text=["elsewhere/b.txt"]), "--steps", {"text": "digest-2"})
+
+
+def test_a_checkpoint_sum_that_is_not_a_file_is_refused_without_reading_it(tmp_path):
+    import os
+
+    from lola.linearize import LinearizeConfig
+    from lola.linearize.checkpoint import load_checkpoint
+
+    path = _checkpoint(tmp_path, {})
+    (tmp_path / "checkpoint.pt.sha256").unlink()
+    os.mkfifo(tmp_path / "checkpoint.pt.sha256")
+    with pytest.raises(ValueError, match=r"checkpoint.pt.sha256 is not a regular file"):
+        load_checkpoint(path, LinearizeConfig(steps=6), "--steps")
+
+
+# --- numbers: the training configs are strict like LoLAConfig, seeds bounded everywhere ----------
+
+
+@pytest.mark.parametrize(
+    "schema, field, value",
+    [
+        ("LinearizeConfig", "batch", True),
+        ("LinearizeConfig", "chunk_tokens", 64.0),
+        ("LinearizeConfig", "lr", True),
+        ("LinearizeConfig", "seed", -(2**63) - 1),
+        ("LinearizeConfig", "seed", 2**63),
+        ("FinetuneConfig", "seq_len", 64.0),
+        ("FinetuneConfig", "warmup_steps", False),
+        ("FinetuneConfig", "kl_weight", True),
+        ("FinetuneConfig", "seed", 2**80),
+    ],
+)
+def test_training_config_numbers_are_strict(schema, field, value):
+    from lola import linearize
+
+    with pytest.raises(ValueError, match=field):
+        getattr(linearize, schema)(**{field: value})
+
+
+def test_training_config_floats_still_take_ints():
+    from lola.linearize import FinetuneConfig, LinearizeConfig
+
+    assert LinearizeConfig(lr=1).lr == 1.0 and FinetuneConfig(lora_alpha=8).lora_alpha == 8.0
+    assert LinearizeConfig(seed=2**63 - 1).seed == 2**63 - 1
+
+
+@pytest.mark.parametrize("seed", [-(2**63) - 5, 2**63, 2**100, True, 1.0])
+def test_seeds_are_bounded_for_demo_and_niah(seed):
+    from lola.demo import check_demo_args
+
+    with pytest.raises(ValueError, match="--seed"):
+        check_demo_args(64, 1, 16, prefix="--", seed=seed)
+    with pytest.raises(ValueError, match="seed"):
+        RUN.model_validate({**RUN.model_dump(), "seed": seed})
+
+
+def test_perplexity_refuses_generation_past_the_model_positions():
+    from lola.eval.perplexity import PerplexityRun, run_perplexity
+    from lola.models import tiny_random
+
+    model, tok = tiny_random()
+    limit = model.config.max_position_embeddings
+    run = PerplexityRun(lengths=[128], methods=["full"], generate=limit - 100)
+    with pytest.raises(ValueError, match=f"--generate {limit - 100} .* give --generate at most {limit - 128}"):
+        run_perplexity(run, model, tok, progress=False)
+
+
+# --- templates: plain {field} placeholders only; a haystack that cannot fit one line -------------
+
+
+@pytest.mark.parametrize(
+    "needle, question, prefix, name",
+    [
+        ("Code {key}={value!s}.", "Code of {key}?", None, "needle"),
+        ("Code {key}={value:08}.", "Code of {key}?", None, "needle"),
+        ("Code {key}={value}.", "Code of {key!a}?", None, "question"),
+        ("Code {key}={value}.", "Code of {key}?", " {key:^{key}} is", "answer_prefix"),
+    ],
+)
+def test_a_template_conversion_or_format_spec_is_refused(needle, question, prefix, name):
+    from lola.eval.niah import check_templates
+
+    with pytest.raises(ValueError, match=f"{name} template .* conversion or format spec"):
+        check_templates(needle, question, prefix)
+
+
+def test_a_haystack_whose_first_line_does_not_fit_is_refused_naming_it():
+    from lola.eval.niah import make_sample
+    from lola.models import tiny_random
+
+    _, tok = tiny_random()
+    with pytest.raises(ValueError, match="no room for one line of --haystack-file long.txt"):
+        make_sample(
+            tok, "niah_single_1", 600, 0.5, seed=1, max_new_tokens=2, haystack="A" + " very" * 2000 + " long line.", haystack_name="--haystack-file long.txt"
+        )
+
+
+def test_a_variant_budgets_of_the_wrong_type_names_the_variant():
+    with pytest.raises(ValueError, match="variants.cal.budgets"):
+        NiahRun(methods=["lola"], variants={"cal": {"budgets": 8}})
+
+
+# --- files: a hard-linked samples.jsonl is never appended to in place; a results.json that is
+# not lola's is never written over ------------------------------------------------------------
+
+
+def test_a_run_resumed_in_a_hard_linked_copy_leaves_the_original_alone(tmp_path):
+    import os
+
+    from lola.eval.runner import run_niah
+    from lola.models import tiny_random
+
+    model, tok = tiny_random()
+    run = NiahRun(model="tiny-random-llama", lengths=[400], samples=2, methods=["full"], max_new_tokens=2)
+    run_niah(run, model, tok, tmp_path / "a", progress=False)
+    samples = tmp_path / "a" / "samples.jsonl"
+    samples.write_text(samples.read_text().splitlines()[0] + "\n")  # as if interrupted after one sample
+    (tmp_path / "b").mkdir()
+    for name in ("samples.jsonl", "results.json"):
+        os.link(tmp_path / "a" / name, tmp_path / "b" / name)  # `cp -al a b`
+    before = snapshot(tmp_path / "a")
+    assert len(run_niah(run, model, tok, tmp_path / "b", progress=False)) == 2
+    assert snapshot(tmp_path / "a") == before
+    assert len((tmp_path / "b" / "samples.jsonl").read_text().splitlines()) == 2
+
+
+def test_results_json_replaced_by_a_foreign_file_is_not_written_over(tmp_path):
+    from lola.eval.runner import _write_results
+
+    (tmp_path / "results.json").write_text('{"notes": "mine"}')
+    with pytest.raises(ValueError, match="results.json exists and was not written by lola niah"):
+        _write_results(tmp_path / "results.json", RUN, [], {}, {})
+    assert (tmp_path / "results.json").read_text() == '{"notes": "mine"}'

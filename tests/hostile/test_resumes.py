@@ -75,7 +75,7 @@ def test_niah_resume_on_a_changed_haystack_is_refused(tmp_path, capsys):
     assert _niah(tmp_path / "r", "--methods", "full", "--haystack-file", str(hay)) == 0
     assert _niah(tmp_path / "r", "--methods", "full", "--haystack-file", str(hay)) == 0  # same content: resumes (nothing left)
     saved = json.loads((tmp_path / "r" / "results.json").read_text())
-    assert saved["inputs"] == {"haystack_file": content_digest(hay)}
+    assert saved["inputs"]["haystack_file"] == content_digest(hay)
     capsys.readouterr()
     hay.write_text("Completely different text about rivers. " * 200)
     before = (tmp_path / "r" / "results.json").read_bytes()

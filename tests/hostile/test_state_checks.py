@@ -130,10 +130,22 @@ def _negative(key):
     return edit
 
 
+def _drop_newest(key):
+    """Empty the slot of the newest position held (the window then no longer ends at seen - 1)."""
+
+    def edit(sd):
+        pos = sd[key]
+        sd[key] = torch.where(pos == pos.amax(-1, keepdim=True), -1, pos)
+
+    return edit
+
+
 ATTENTION_FUSION = lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, policy="fusion", policy_kwargs={"policies": ["attention", "recency"]})
 EXPECTED = lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, policy="expected_attention")
 ATTENTION = lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, policy="attention")
 ELU = lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, feature_map="elu")
+
+PADDED = lola.LoLAConfig(window=5, sparse_size=2, sinks=1, chunk=2)  # run with a left-padded row
 
 # (id, config, edit of the state dict, the tensor the refusal must name)
 STATE_FAULTS = [
@@ -149,6 +161,10 @@ STATE_FAULTS = [
     ("elu-normaliser-negative", ELU, _negative("linear.s"), "linear.s"),
     ("attention-mass-negative", ATTENTION, _negative("sparse.acc"), "sparse.acc"),
     ("query-weight-negative", EXPECTED, _negative("queries.n"), "queries.n"),
+    ("linear-state-on-meta", CFG, lambda sd: sd.update({"linear.H": sd["linear.H"].to("meta")}), "linear.H"),
+    ("window-emptied", CFG, lambda sd: sd.update({"window.pos": torch.full_like(sd["window.pos"], -1)}), "window.pos"),
+    ("window-lost-its-newest-token", CFG, _drop_newest("window.pos"), "window.pos"),
+    ("seen-lowered-by-one-below-the-window", CFG, lambda sd: sd.update(seen=sd["seen"] + 1), "window.pos"),
 ]
 
 
@@ -170,6 +186,13 @@ class TestAStateAgainstItsMemory:
         with pytest.raises(ValueError, match=r"state\['sparse.k'\] has shape .*\[B, 2, 3, 8\]"):
             memory_from_config(CFG).load_state_dict(sd)
 
+    def test_a_state_on_another_device_than_the_memory_s_is_refused_naming_the_tensor(self):
+        attn, sd = _saved()
+        _, used = _run(attn)  # allocated on the CPU
+        sd["sparse.v"] = sd["sparse.v"].to("meta")
+        with pytest.raises(ValueError, match=r"state\['sparse.v'\] lies on the meta device"):
+            used.load_state_dict(sd)
+
     def test_the_odd_dtype_out_is_named_not_the_others(self):
         _, sd = _saved()
         _cast("window.k", "window.v", dtype=torch.float16)(sd)
@@ -183,19 +206,24 @@ class TestAStateAgainstItsMemory:
             lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, sparse_size_per_head=[3, 0]),  # ragged storage
             lola.LoLAConfig(window=6, sparse_size=3, sinks=0, chunk=3, gqa_storage="query_head", policy="expected_attention"),
             ATTENTION_FUSION,
+            lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, window_per_head=[6, 2]),
+            lola.LoLAConfig(window=6, sparse_size=3, sinks=2, chunk=1, schedule="tokenwise"),
+            lola.LoLAConfig(window=0, sparse_size=3, sinks=1, chunk=3),
+            PADDED,
         ],
-        ids=["taylor", "ragged-sparse", "query-head-storage", "tracked-attention"],
+        ids=["taylor", "ragged-sparse", "query-head-storage", "tracked-attention", "per-head-windows", "tokenwise", "no-window", "padded-rows"],
     )
     def test_a_state_a_run_wrote_loads_and_continues_alike(self, cfg):
         attn = _layer(cfg)
-        _, state = _run(attn)
+        padded = cfg is PADDED
+        _, state = _run(attn, batch=2 if padded else 1, mask=_padded() if padded else None)
         sd = {k: t.clone() for k, t in state.state_dict().items()}
         if cfg.feature_map == "taylor":  # the check is the map's: here s has negative entries
             assert bool((sd["linear.s"] < 0).any())
         loaded = attn.new_state()
         loaded.load_state_dict(sd)
-        a, _ = _run(attn, tokens=5, state=state, seed=1)
-        b, _ = _run(attn, tokens=5, state=loaded, seed=1)
+        a, _ = _run(attn, tokens=5, batch=2 if padded else 1, state=state, seed=1)
+        b, _ = _run(attn, tokens=5, batch=2 if padded else 1, state=loaded, seed=1)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
     # (id, edit of the saved tensors, fragment)
@@ -346,6 +374,76 @@ class TestSchedulesAnswerWithinTheirPeriod:
         _run(attn, tokens=1 if path.startswith("decode") else 5, batch=2, state=state, seed=1)
 
 
+@dataclass(frozen=True)
+class Answering:
+    """A schedule plug-in (period 4) answering ``answer(seen)``."""
+
+    answer: object = field(repr=False)
+    period: int = 4
+
+    def tokens_until_step(self, seen):
+        return self.answer(seen)
+
+
+def _answering(answer, period: int = 4):
+    from lola.schedules import register
+
+    register("answering_test", lambda chunk: Answering(answer, period), overwrite=True)
+    return lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=4, schedule="answering_test")
+
+
+@pytest.fixture
+def answering():
+    from lola.schedules import unregister
+
+    yield _answering
+    unregister("answering_test")
+
+
+class TestSchedulesAnswerWithTokenCounts:
+    """``LoLAMemory._ask_schedule``: the one way the composer asks a schedule; a failure or an
+    answer that is not an integer tensor like ``seen`` is named by the schedule, on every path."""
+
+    ANSWERS = [
+        ("float-tensor", lambda seen: (4 - seen % 4).double(), TypeError, r"returned torch.float64 from tokens_until_step\(\)"),
+        ("bool-tensor", lambda seen: torch.ones_like(seen, dtype=torch.bool), TypeError, r"returned torch.bool from tokens_until_step\(\)"),
+        ("numpy", lambda seen: np.ones(tuple(seen.shape), dtype=np.int64), TypeError, r"returned ndarray .* from tokens_until_step\(\)"),
+        ("one-row", lambda seen: (4 - seen % 4)[:1].repeat(3), ValueError, r"returned shape \(3,\) from tokens_until_step\(\)"),
+        ("attribute-error", lambda seen: seen.no_such_thing, RuntimeError, r"failed in tokens_until_step\(\): AttributeError"),
+    ]
+
+    @pytest.mark.parametrize("answer, kind, fragment", [a[1:] for a in ANSWERS], ids=[a[0] for a in ANSWERS])
+    @pytest.mark.parametrize("path", TestSchedulesAnswerWithinTheirPeriod.PATHS)
+    def test_an_odd_answer_or_a_failure_is_named_by_the_schedule(self, answering, path, answer, kind, fragment):
+        calls = {"n": 0}
+
+        def later(seen):  # the first prefill answers well, so that the decode paths are reached
+            calls["n"] += 1
+            return answer(seen) if path.startswith("attend") or calls["n"] > 100 else 4 - seen % 4
+
+        attn = _layer(answering(later))
+        mask = _padded() if path.endswith("per-row") else None
+        if path.startswith("decode"):
+            _, state = _run(attn, batch=2, mask=mask)
+            calls["n"] = 101
+            call = functools.partial(_run, attn, tokens=1, batch=2, state=state, seed=1)
+        else:
+            call = functools.partial(_run, attn, batch=2, mask=mask)
+        with pytest.raises(kind, match=rf"schedule Answering\(period=4\) {fragment}"):
+            call()
+
+    @pytest.mark.parametrize("period", [2**30, True, 0], ids=["2**30", "bool", "zero"])
+    def test_a_period_beyond_the_bounds_is_refused_at_build_naming_the_schedule(self, answering, period):
+        from lola.schedules import build, register
+
+        register("answering_test", lambda chunk: Answering(torch.ones_like, period), overwrite=True)
+        refusal = rf"schedule 'answering_test' built .* with period {period!r}: expected an int in 1\.\.16777216"
+        with pytest.raises(ValueError, match=refusal):
+            build("answering_test", chunk=4)
+        with pytest.raises(ValueError, match=refusal):  # through the config, before anything is allocated
+            lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=4, schedule="answering_test")
+
+
 # -- policies -----------------------------------------------------------------------------------
 
 
@@ -401,6 +499,7 @@ class TestPolicies:
         ("one-axis-short", lambda c: c.pos.float()[..., 0], ValueError, "returned scores of shape"),
         ("index-error", lambda c: c.pos[99], RuntimeError, r"failed in score\(\): IndexError"),
         ("value-error", lambda c: float("x"), RuntimeError, r"failed in score\(\): ValueError: could not convert"),
+        ("on-meta", lambda c: torch.ones(c.pos.shape, device="meta"), ValueError, r"returned scores on meta, expected them on the candidates' device cpu"),
     ]
 
     @pytest.mark.parametrize("fn, kind, fragment", [a[1:] for a in ANSWERS], ids=[a[0] for a in ANSWERS])
@@ -590,3 +689,67 @@ class TestCacheFiles:
         model = _saved_cache(folder)
         assert not (folder / "cache.safetensors").exists()
         LoLACache.load(folder, model)
+
+    def test_a_cache_json_giving_a_key_twice_is_refused_naming_it(self, tmp_path):
+        from lola.integrations.transformers import LoLACache
+
+        model = _saved_cache(tmp_path / "c")
+        text = (tmp_path / "c" / "cache.json").read_text()
+        (tmp_path / "c" / "cache.json").write_text(text.replace('"format"', '"tensors": "elsewhere.safetensors",\n  "format"', 1))
+        with pytest.raises(ValueError, match=r"cache.json is not valid JSON .*: key 'tensors' appears twice"):
+            LoLACache.load(tmp_path / "c", model)
+
+
+# -- the transformers integration's inputs --------------------------------------------------------
+
+
+class TestTheIntegrationsInputs:
+    """Flags are real bools; saved LoLA weights are finite; a sliding window matters only on the
+    layers LoLA runs."""
+
+    @pytest.mark.parametrize("force", ["no", 0, None], ids=["string", "int", "none"])
+    def test_a_flag_that_is_not_a_bool_is_refused_naming_it(self, force):
+        from lola.integrations.transformers import apply_lola, patch
+        from lola.models import tiny_random
+
+        model, _ = tiny_random()
+        with pytest.raises(TypeError, match=rf"force must be True or False, got {type(force).__name__}"):
+            apply_lola(model, CFG, force=force)
+        with pytest.raises(TypeError, match="force must be True or False"):
+            with patch(model, CFG, force=force):
+                pass
+        assert getattr(model, "_lola", None) is None
+
+    def test_a_saved_model_with_infinite_lola_weights_is_refused_naming_tensor_and_file(self, tmp_path):
+        from safetensors.torch import load_file, save_file
+
+        from lola.integrations.transformers import from_pretrained
+
+        _tiny_lola(lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, feature_map="hedgehog")).save_pretrained(tmp_path / "m")
+        (path,) = (tmp_path / "m").glob("*.safetensors")
+        tensors = load_file(path)
+        name = sorted(k for k in tensors if ".lola." in k and tensors[k].is_floating_point())[-1]
+        tensors[name] = tensors[name].clone()
+        tensors[name].view(-1)[0] = float("inf")
+        save_file(tensors, path, metadata={"format": "pt"})
+        with pytest.raises(ValueError, match=rf"model.safetensors: LoLA weight '{re.escape(name)}' holds non-finite values"):
+            from_pretrained(tmp_path / "m")
+
+    @pytest.mark.parametrize(
+        "layer_types, stock, refused",
+        [
+            (["sliding_attention", "full_attention", "sliding_attention"], [0, 2], None),
+            (["sliding_attention", "full_attention", "sliding_attention"], [0], "layers [2]"),
+            (None, [0, 1, 2], None),
+            (None, [1], "layers [0, 2]"),
+        ],
+        ids=["every-sliding-layer-stock", "one-sliding-layer-run", "all-slide-all-stock", "all-slide-two-run"],
+    )
+    def test_a_binding_sliding_window_is_refused_only_on_layers_lola_runs(self, layer_types, stock, refused):
+        from types import SimpleNamespace
+
+        from lola.integrations.transformers.support import _sliding_window_reason
+
+        config = SimpleNamespace(sliding_window=16, max_position_embeddings=4096, num_hidden_layers=3, layer_types=layer_types)
+        reason = _sliding_window_reason(config, stock)
+        assert reason is None if refused is None else refused in reason

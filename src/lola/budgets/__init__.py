@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -222,6 +223,8 @@ def load(name_or_path: str | Path) -> HeadBudgets:
     """Shipped budgets by model name (see :func:`available`), or a JSON file from ``lola calibrate``."""
     from lola.outputs import read_json
 
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"budgets must be a shipped name or a path, got {name_or_path!r} ({type(name_or_path).__name__})")
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         if not path.exists():

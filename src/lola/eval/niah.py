@@ -102,8 +102,12 @@ def prose_lines(text: str) -> list[str]:
     return sentences
 
 
-def _fit(tokenizer: Any, length: int, max_new_tokens: int, build: Callable[[int], tuple[Any, str]]) -> tuple[Any, str]:
-    """The largest haystack (in lines) whose prompt fits ``length - max_new_tokens`` tokens."""
+def _fit(tokenizer: Any, length: int, max_new_tokens: int, build: Callable[[int], tuple[Any, str]], haystack: str | None = None) -> tuple[Any, str]:
+    """The largest haystack (in lines) whose prompt fits ``length - max_new_tokens`` tokens.
+
+    With a user's ``haystack`` (its name, for the message), a prompt with none of its lines is
+    refused: the text was asked for and would be dropped. The built-in noise may be absent
+    from a very short prompt (tiny test lengths), as before."""
     budget = length - max_new_tokens
     lo, hi = 0, max(1, budget // 8)
     while build(hi)[0].shape[-1] <= budget:
@@ -112,6 +116,11 @@ def _fit(tokenizer: Any, length: int, max_new_tokens: int, build: Callable[[int]
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if build(mid)[0].shape[-1] <= budget else (lo, mid)
     ids, text = build(lo)
+    if lo == 0 and haystack is not None and ids.shape[-1] <= budget:  # the template fits, but not one line of the user's haystack
+        raise ValueError(
+            f"length {length} leaves no room for one line of {haystack} beside the prompt template ({ids.shape[-1]} tokens) and max_new_tokens "
+            f"{max_new_tokens}: the prompt would hold no haystack at all; give a longer length, or a haystack with shorter sentences"
+        )
     if ids.shape[-1] > budget:
         raise ValueError(
             f"length {length} is too short for the prompt template with max_new_tokens {max_new_tokens}: the shortest prompt has "
@@ -127,7 +136,8 @@ TEMPLATE_FIELDS = {"needle": ({"key", "value", "type"}, {"key", "value"}), "ques
 
 def check_templates(needle: str | None, question: str | None, answer_prefix: str | None) -> None:
     """Refuse a custom template that :meth:`str.format` would fail on or that lacks a field:
-    unknown placeholders (``{oops}``), unbalanced braces, attribute or index lookups, and a
+    unknown placeholders (``{oops}``), unbalanced braces, attribute or index lookups, a
+    conversion or format spec (``{key!r}``, ``{value:>5}``), and a
     needle without ``{key}`` and ``{value}`` or a question without ``{key}``.
 
     Raises:
@@ -141,9 +151,16 @@ def check_templates(needle: str | None, question: str | None, answer_prefix: str
             continue
         allowed, required = TEMPLATE_FIELDS[name]
         try:
-            fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+            parts = [(f, spec, conversion) for _, f, spec, conversion in string.Formatter().parse(template) if f is not None]
         except ValueError as err:  # "Single '}' encountered in format string"
             raise ValueError(f"{name} template {template!r}: {err} (write a literal brace as {{{{ or }}}})") from None
+        for f, spec, conversion in parts:
+            # A conversion (!r) or format spec (:>5, nested {key:{value}}) formats a value the
+            # template does not own (or fails on it only once prompts are built): plain {field} only.
+            if conversion or spec:
+                written = "{" + f + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                raise ValueError(f"{name} template {template!r}: placeholder {written} has a conversion or format spec; write it as {{{f}}}")
+        fields = {f for f, _, _ in parts}
         unknown = sorted(fields - allowed)
         if unknown:
             raise ValueError(
@@ -166,6 +183,7 @@ def make_sample(
     needle: str | None = None,
     question: str | None = None,
     answer_prefix: str | None = None,
+    haystack_name: str | None = None,
 ) -> NiahSample:
     """Build one prompt of ``task`` with at most ``length - max_new_tokens`` tokens.
 
@@ -182,6 +200,11 @@ def make_sample(
         question: the question, with ``{key}``; the prompt then ends with the question alone.
         answer_prefix: with ``question``, text (with ``{key}``) that starts the model's answer,
             e.g. ``" The code for {key} is"``, so that the answer's first tokens are the value.
+        haystack_name: how messages name ``haystack`` (e.g. ``--haystack-file book.txt``).
+
+    Raises:
+        ValueError: bad arguments, or a ``length`` that leaves no room for the template, the
+            answer and at least one haystack line.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
@@ -196,6 +219,7 @@ def make_sample(
     check_templates(needle, question, answer_prefix)
     rng = random.Random(seed)
     filler = prose_lines(haystack) if haystack is not None else [NOISE]
+    what = (haystack_name or "the haystack text") if haystack is not None else None
     start = rng.randrange(len(filler))
 
     def lines_of(n: int) -> list[str]:
@@ -216,7 +240,7 @@ def make_sample(
                     lines.append(line)
             return _encode(tokenizer, VT_TEMPLATE.format(context="\n".join(lines), query=value), VT_ANSWER_PREFIX.format(query=value))
 
-        ids, text = _fit(tokenizer, length, max_new_tokens, build)
+        ids, text = _fit(tokenizer, length, max_new_tokens, build, what)
         return NiahSample(ids, names, depth, value, text)
 
     uuids = task == "niah_multikey_3"
@@ -243,7 +267,7 @@ def make_sample(
         type1 = kind[:-1]
         return _encode(tokenizer, TEMPLATE.format(type1=type1, context=context, query=key), ANSWER_PREFIX.format(type1=type1, query=key))
 
-    ids, text = _fit(tokenizer, length, max_new_tokens, build)
+    ids, text = _fit(tokenizer, length, max_new_tokens, build, what)
     return NiahSample(ids, [value], depth, key, text)
 
 

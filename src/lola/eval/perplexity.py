@@ -144,6 +144,11 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     for n in run.lengths:  # before the text is read and encoded
         if max_positions and n > max_positions:
             raise ValueError(f"length {n} exceeds what the model can hold ({max_positions} positions)")
+        if max_positions and run.generate and n + run.generate > max_positions:
+            raise ValueError(
+                f"--generate {run.generate} after a window of length {n} reaches position {n + run.generate}, beyond the model's {max_positions} positions; "
+                f"give --generate at most {max_positions - n}"
+            )
     _, heldout = load_split(run.text, run.heldout_fraction)
     ids = encode(tokenizer, heldout)
     longest = max(run.lengths)

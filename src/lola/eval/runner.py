@@ -16,6 +16,7 @@ Methods (:mod:`lola.methods`; all but ``full`` share one exact-token budget ``si
 from __future__ import annotations
 
 import json
+import math
 import platform
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
+from lola.demo import Seed
 from lola.eval.niah import check_templates
 from lola.methods import METHODS, method_config
 
@@ -88,7 +90,7 @@ class NiahRun(BaseModel):
     feature_maps: str | None = Field(None, description="a `lola linearize` folder, or a shipped name, loaded into every method but full")
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
     max_new_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS, description="None: 12 for number answers, 64 for uuids and vt")
-    seed: StrictInt = 0
+    seed: Seed = 0
     haystack_file: str | None = None
     needle: str | None = None
     question: str | None = None
@@ -235,14 +237,19 @@ def check_budgets(run: NiahRun, model: Any) -> None:
                 head_budgets.load(budgets).check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
 
 
-def run_inputs(run: NiahRun) -> dict[str, str]:
-    """Fingerprints, by content, of the files a run reads besides its options: the haystack,
-    the feature maps (folder or shipped name) and budget files (the run's and its variants').
-    Saved in ``results.json``; a resume on other content under the same path is refused."""
+def run_inputs(run: NiahRun, model: Any = None) -> dict[str, str]:
+    """Fingerprints, by content, of what a run reads besides its options: the haystack, the
+    feature maps (folder or shipped name), budget files (the run's and its variants') and, once
+    it is loaded, the model's weights (``model``, :func:`lola.checksums.weights_digest`).
+    Saved in ``results.json``; a resume on other content under the same path or name is refused."""
     from lola.checksums import content_digest
     from lola.pretrained.shipped import resolve_feature_maps
 
     inputs = {}
+    if model is not None:
+        from lola.checksums import weights_digest
+
+        inputs["model"] = weights_digest(model)
     if run.haystack_file is not None:
         inputs["haystack_file"] = content_digest(run.haystack_file)
     if run.feature_maps is not None:
@@ -274,11 +281,17 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             fields = dict(fields)
             budgets = fields.pop("budgets", None)
             try:
-                out[f"lola-{name}"] = _with_budgets(method_config("lola", **settings, overrides={**common, **fields}), budgets, run.model)
+                cfg = method_config("lola", **settings, overrides={**common, **fields})
             except ValidationError as err:
                 raise ValueError(f"variant {name!r}: {validation_summary(err)}") from None
-            except ValueError as err:
+            except (ValueError, TypeError) as err:
                 raise ValueError(f"variant {name!r}: {err}") from None
+            try:
+                out[f"lola-{name}"] = _with_budgets(cfg, budgets, run.model)
+            except ValidationError as err:
+                raise ValueError(f"variants.{name}.budgets {budgets!r}: {validation_summary(err)}") from None
+            except (ValueError, TypeError, OSError) as err:
+                raise ValueError(f"variants.{name}.budgets {budgets!r}: {err}") from None
     return out
 
 
@@ -331,7 +344,25 @@ class SampleRecord(BaseModel):
             raise ValueError(f"length {self.length} is not one of this run's lengths {run.lengths}")
         if run is not None and self.index >= run.samples:
             raise ValueError(f"index {self.index} is beyond this run's {run.samples} samples per length")
+        if run is not None and not math.isclose(self.depth, sample_depth(self.index, run.samples), rel_tol=1e-9, abs_tol=1e-12):
+            raise ValueError(
+                f"depth {self.depth} is not the depth of sample {self.index} of this run ({sample_depth(self.index, run.samples)} with {run.samples} samples)"
+            )
+        if self.prediction is not None and self.answers is not None:
+            from lola.eval.niah import string_match_all
+
+            if not self.answers:
+                raise ValueError("answers is empty")
+            expected = string_match_all(self.prediction, self.answers)
+            if not math.isclose(self.score, expected, rel_tol=1e-9, abs_tol=1e-12):
+                raise ValueError(f"score {self.score} is not what its prediction scores against its answers ({expected})")
         return self
+
+
+def sample_depth(index: int, samples: int) -> float:
+    """The needle depth of sample ``index`` of a run of ``samples`` per length: ``(index + 0.5) / samples``
+    (:func:`niah_prompts`; a record at another depth is of another run)."""
+    return (index + 0.5) / samples
 
 
 def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, int], dict]:
@@ -339,6 +370,7 @@ def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, i
     (against ``run`` when given); a cut-short, foreign, out-of-range or repeated line is an
     error naming the file and the line."""
     from lola.errors import describe_validation
+    from lola.outputs import _unique_keys
 
     done: dict[tuple[str, int, int], dict] = {}
     if not path.exists():
@@ -353,12 +385,14 @@ def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, i
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
             raise ValueError(
                 f"{path}: line {number} is not a complete JSON record ({err.msg}), e.g. a sample cut short by a crash; "
                 "delete that line and run again to redo that sample"
             ) from None
+        except ValueError as err:  # a key given twice: json would keep the last silently
+            raise ValueError(f"{path}: line {number} is not a lola niah sample ({err}); delete that line to redo that sample") from None
         try:
             SampleRecord.model_validate(rec, context=context)
         except ValidationError as err:
@@ -399,7 +433,25 @@ def _run_changes(saved: NiahRun, run: NiahRun) -> str:
     return "; ".join(changes) or "the same options compare unequal"
 
 
-def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tuple[str, int, int], dict]:
+PATH_OPTIONS = ("haystack_file", "feature_maps")
+"""Options naming a file or folder: a saved run and a resume compare them by content."""
+
+
+def _same_content_paths(saved: NiahRun, run: NiahRun, saved_inputs: Any, inputs: dict[str, str]) -> NiahRun:
+    """``saved`` with each path option (:data:`PATH_OPTIONS`) that names the same content as
+    ``run``'s under another path (``hay.txt`` and ``./hay.txt``, or a byte-identical copy) taken
+    from ``run``: runs are compared by the content they read, not by its spelling."""
+    if not isinstance(saved_inputs, dict):
+        return saved
+    same = {
+        field: getattr(run, field)
+        for field in PATH_OPTIONS
+        if getattr(saved, field) is not None and getattr(run, field) is not None and field in inputs and saved_inputs.get(field) == inputs[field]
+    }
+    return saved.model_copy(update=same) if same else saved
+
+
+def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any = None) -> dict[tuple[str, int, int], dict]:
     """Check a results folder before any model work; returns the samples it already holds.
 
     Refused, with a message naming the file: a folder that cannot be written; a
@@ -407,7 +459,8 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tu
     files (``samples.jsonl``, the plots) without lola's ``results.json``; a saved run other
     than ``run`` (naming each option that differs, saved and requested); a ``samples.jsonl``
     line that :class:`SampleRecord` refuses for ``run`` (cut short, foreign, out of range, of
-    another method, length or index) or that repeats a sample.
+    another method, length or index) or that repeats a sample; with ``model`` (once loaded), a
+    saved run on other weights under the same ``--model`` name (:func:`run_inputs`).
     """
     from lola.checksums import changed_inputs
     from lola.outputs import check_output_folder, check_target, read_json
@@ -429,11 +482,18 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None) -> dict[tu
             except (ValidationError, TypeError) as err:
                 detail = validation_summary(err) if isinstance(err, ValidationError) else str(err)
                 raise ValueError(f"{results} holds a run this version of lola refuses ({detail}); use another --out") from None
+            inputs = run_inputs(run, model)
+            saved_run = _same_content_paths(saved_run, run, data.get("inputs"), inputs)
             if saved_run != run:
                 raise ValueError(f"{out} holds a different run ({_run_changes(saved_run, run)}); resume with the same options or use another --out")
-            changed = changed_inputs(data.get("inputs"), run_inputs(run))
+            changed = changed_inputs(data.get("inputs"), inputs)
             if changed:
                 option = "--" + changed[0].replace("_", "-") if "." not in changed[0] else changed[0]
+                if changed[0] == "model":
+                    raise ValueError(
+                        f"{out} holds a run of other model weights: --model {run.model} now loads weights that differ from those the run started with; "
+                        "use the same weights or another --out"
+                    )
                 raise ValueError(
                     f"{out} holds a run on other content: {option} changed since it started (same path, other content); restore it or use another --out"
                 )
@@ -460,7 +520,7 @@ def niah_prompts(run: NiahRun, tokenizer: Any) -> dict[tuple[int, int], Any]:
     """
     from lola.eval.niah import make_sample
 
-    depths = [(i + 0.5) / run.samples for i in range(run.samples)]
+    depths = [sample_depth(i, run.samples) for i in range(run.samples)]
     from lola.data import read_text_file
 
     haystack = read_text_file(run.haystack_file) if run.haystack_file else None
@@ -476,6 +536,7 @@ def niah_prompts(run: NiahRun, tokenizer: Any) -> dict[tuple[int, int], Any]:
             needle=run.needle,
             question=run.question,
             answer_prefix=run.answer_prefix,
+            haystack_name=f"--haystack-file {run.haystack_file}" if run.haystack_file else None,
         )
         for n in run.lengths
         for i, d in enumerate(depths)
@@ -498,8 +559,8 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
-    done = check_out_folder(out, run)  # before anything is written
-    inputs = run_inputs(run)
+    done = check_out_folder(out, run, model)  # before anything is written (and on the weights now loaded)
+    inputs = run_inputs(run, model)
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if max_positions and max(run.lengths) > max_positions:
         raise ValueError(f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
@@ -560,9 +621,14 @@ def _generate_all(
 
     from lola.eval.niah import string_match_all
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
-    from lola.outputs import check_target
+    from lola.outputs import check_target, write_files
 
-    check_target(Path(samples_path), writer="lola niah")  # appended to: never through a link
+    samples_path = Path(samples_path)
+    check_target(samples_path, writer="lola niah")  # appended to: never through a link
+    if samples_path.exists() and samples_path.stat().st_nlink > 1:
+        # A hard link (`cp -al` snapshot): appending would write into every copy. Rewritten
+        # atomically first, the file becomes this folder's own.
+        write_files(samples_path.parent, {samples_path.name: samples_path.read_bytes()}, writer="lola niah")
     with open(samples_path, "a") as log:
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
@@ -738,4 +804,15 @@ def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict,
     }
     from lola.outputs import write_files
 
-    write_files(path.parent, {path.name: json.dumps(payload, indent=2)}, writer="lola niah")
+    write_files(path.parent, {path.name: json.dumps(payload, indent=2)}, ours=_our_results, writer="lola niah")
+
+
+def _our_results(path: Path) -> bool:
+    """Whether the file at ``path`` is a ``results.json`` of ``lola niah`` (one put in its place
+    while a run generates is not replaced)."""
+    from lola.outputs import read_json
+
+    try:
+        return _is_results(read_json(path, "a lola niah results file"))
+    except (ValueError, OSError):
+        return False

@@ -17,7 +17,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from lola.checksums import changed_inputs, sha256_file
+from lola.checksums import (
+    changed_inputs,
+    sha256_file,
+    weights_digest,  # noqa: F401  (re-exported: the fingerprint resumes record)
+)
 from lola.outputs import write_files
 
 __all__ = ["checksum_path", "load_checkpoint", "read_checkpoint", "run_inputs", "stage1_digest", "write_checkpoint"]
@@ -52,10 +56,13 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str, inputs: dict[
         ValueError: an unreadable file (named), other options, more steps done than asked for,
             or other content (the text, or stage-1 maps retrained since stage 2 started).
     """
-    from lola.outputs import finish_pending
+    from lola.outputs import check_regular_file, finish_pending
 
     finish_pending(path.parent)  # a checkpoint write that a kill cut short: completed first
     sums = checksum_path(path)
+    check_regular_file(path, "a lola linearize checkpoint")  # a FIFO would block the read
+    if sums.exists() or sums.is_symlink():
+        check_regular_file(sums, "the checkpoint's sha256 (a text file)")
     if sums.exists() and sums.read_text().strip() != sha256_file(path):
         raise ValueError(f"{path} does not match its checksum in {sums.name}: the file is damaged; delete both to start afresh")
     try:
@@ -63,8 +70,13 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str, inputs: dict[
         saved = type(cfg).model_validate(state["config"])
     except Exception as err:  # truncated, foreign or hand-edited files
         raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); delete it to start afresh") from None
-    if saved.model_copy(update={"steps": cfg.steps}) != cfg:
-        diff = {k: (v, getattr(cfg, k)) for k, v in saved.model_dump().items() if k != "steps" and v != getattr(cfg, k)}
+    inputs = run_inputs(cfg) if inputs is None else inputs
+    same = {"steps": cfg.steps}
+    saved_inputs = state.get("inputs")
+    if isinstance(saved_inputs, dict) and "text" in inputs and saved_inputs.get("text") == inputs["text"]:
+        same["text"] = cfg.text  # the same content under another path (runs fingerprint content, not paths)
+    if saved.model_copy(update=same) != cfg:
+        diff = {k: (v, getattr(cfg, k)) for k, v in saved.model_dump().items() if k not in same and v != getattr(cfg, k)}
         raise ValueError(f"{path} was written by a run with other options {diff} (saved, requested); use another --out or the same options")
     try:
         step = int(state["step"])
@@ -72,11 +84,16 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str, inputs: dict[
         raise ValueError(f"{path} is not a readable checkpoint (no step count); delete it to start afresh") from None
     if step > cfg.steps:
         raise ValueError(f"{path} is at step {step}, beyond {steps_option} {cfg.steps}; ask for at least {step} steps")
-    changed = changed_inputs(state.get("inputs"), run_inputs(cfg) if inputs is None else inputs)
+    changed = changed_inputs(saved_inputs, inputs)
     if "feature_maps" in changed:
         raise ValueError(
             f"{path} continues stage 2 from other stage-1 feature maps than those it now starts from (stage 1 retrained since, or another --feature-maps); "
             f"delete {path.name} and {checksum_path(path).name} to start stage 2 afresh from the new maps, or use another --out"
+        )
+    if "model" in changed:
+        raise ValueError(
+            f"{path} was written by a run on other model weights: --model now loads weights that differ from those training started from; "
+            "use the same model, or another --out"
         )
     if changed:
         raise ValueError(
@@ -86,13 +103,16 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str, inputs: dict[
     return state
 
 
-def run_inputs(cfg: BaseModel, stage1_maps: str | Path | None = None) -> dict[str, str]:
+def run_inputs(cfg: BaseModel, stage1_maps: str | Path | None = None, model: Any = None) -> dict[str, str]:
     """The fingerprints of what a training run reads besides its options: its text, by content
-    (:func:`lola.data.source_digest`), and for stage 2 the stage-1 feature maps it starts from
-    (``stage1_maps``, see :func:`stage1_digest`). Saved in every checkpoint; a resume must match."""
+    (:func:`lola.data.source_digest`), for stage 2 the stage-1 feature maps it starts from
+    (``stage1_maps``, see :func:`stage1_digest`), and the teacher's weights once it is loaded
+    (``model``, :func:`weights_digest`). Saved in every checkpoint; a resume must match."""
     from lola.data import source_digest
 
     inputs = {"text": source_digest(getattr(cfg, "text", None))}
+    if model is not None:
+        inputs["model"] = weights_digest(model)
     if stage1_maps is not None:
         digest = stage1_digest(stage1_maps)
         if digest is not None:

@@ -23,9 +23,10 @@ from typing import Callable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 from lola.data import describe, encode, load_split, token_chunks
+from lola.demo import Seed
 from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
 from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
 from lola.pretrained.folder import CONFIG_FILE, FINETUNE_REPORT_FILE, check_geometry, model_geometry, read_feature_maps, write_feature_maps
@@ -41,19 +42,19 @@ class FinetuneConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    steps: int = Field(150, ge=1, description="optimizer steps")
-    batch: int = Field(1, ge=1, description="sequences per step (the global batch under torchrun)")
-    seq_len: int = Field(2048, ge=8, description="tokens per training sequence")
-    lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the LoRA weights")
-    maps_lr: float = Field(1e-3, ge=0, description="learning rate of the feature maps and window factors (0: frozen)")
-    warmup_steps: int = Field(10, ge=0)
-    lora_rank: int = Field(8, ge=1)
-    lora_alpha: float = Field(16.0, gt=0)
+    steps: StrictInt = Field(150, ge=1, description="optimizer steps")
+    batch: StrictInt = Field(1, ge=1, description="sequences per step (the global batch under torchrun)")
+    seq_len: StrictInt = Field(2048, ge=8, description="tokens per training sequence")
+    lr: StrictFloat = Field(1e-3, gt=0, description="AdamW learning rate of the LoRA weights")
+    maps_lr: StrictFloat = Field(1e-3, ge=0, description="learning rate of the feature maps and window factors (0: frozen)")
+    warmup_steps: StrictInt = Field(10, ge=0)
+    lora_rank: StrictInt = Field(8, ge=1)
+    lora_alpha: StrictFloat = Field(16.0, gt=0)
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    kl_weight: float = Field(1.0, ge=0)
-    ce_weight: float = Field(0.0, ge=0, description="weight of the next-token cross-entropy on the text")
-    eval_chunks: int = Field(2, ge=0, description="held-out sequences for the before/after KL")
-    heldout_fraction: float = Field(0.1, gt=0, lt=1)
+    kl_weight: StrictFloat = Field(1.0, ge=0)
+    ce_weight: StrictFloat = Field(0.0, ge=0, description="weight of the next-token cross-entropy on the text")
+    eval_chunks: StrictInt = Field(2, ge=0, description="held-out sequences for the before/after KL")
+    heldout_fraction: StrictFloat = Field(0.1, gt=0, lt=1)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
 
     @field_validator("text", mode="before")
@@ -61,8 +62,8 @@ class FinetuneConfig(BaseModel):
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
 
-    checkpoint_every: int = Field(10, ge=1)
-    seed: int = 0
+    checkpoint_every: StrictInt = Field(10, ge=1)
+    seed: Seed = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     def lora_spec(self) -> LoraSpec:
@@ -208,8 +209,8 @@ def finetune(
     ckpt = out / FINETUNE_CHECKPOINT_FILE
     # The text and the stage-1 maps, fingerprinted before this run writes its own maps over
     # them: a checkpoint that started from other maps (stage 1 retrained since) is refused.
-    inputs = run_inputs(cfg, stage1_maps=maps)
-    state = read_checkpoint(ckpt, cfg, geometry, "--stage2-steps", inputs) if ckpt.is_file() else None
+    inputs = run_inputs(cfg, stage1_maps=maps, model=model)  # the teacher's weights too, before adapters go in
+    state = read_checkpoint(ckpt, cfg, geometry, "--stage2-steps", inputs) if ckpt.exists() or ckpt.is_symlink() else None
     device = resolve_device(cfg.device)
     world = init_world(device)
     if cfg.batch % world.size:

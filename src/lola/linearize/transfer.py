@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from lola.config import LoLAConfig
 from lola.data import describe, encode, load_split, token_chunks
+from lola.demo import Seed
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 from lola.layer import LoLAAttention, compose
 from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
@@ -40,21 +41,21 @@ class LinearizeConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    window: int = Field(64, ge=1, description="exact keys per query of the hybrid (η)")
+    window: StrictInt = Field(64, ge=1, description="exact keys per query of the hybrid (η)")
     feature_map: Literal[TRAINABLE_FEATURE_MAPS] = DEFAULT_FEATURE_MAP
-    feature_dim: int = Field(64, ge=1, description="f of the Hedgehog map (F = 2f); = head_dim for hedgehog_identity")
+    feature_dim: StrictInt = Field(64, ge=1, description="f of the Hedgehog map (F = 2f); = head_dim for hedgehog_identity")
     mixing: Literal["lolcats", "lola_authors"] = "lolcats"
-    affine: bool = False
-    steps: int = Field(400, ge=1, description="optimizer steps (batch text chunks, all layers, per step)")
-    batch: int = Field(1, ge=1, description="text chunks per step (the global batch under torchrun)")
-    lr: float = Field(1e-2, gt=0)
-    chunk_tokens: int = Field(2048, ge=8, description="tokens per chunk: train at the evaluation length")
-    train_chunks: int = Field(24, ge=1, description="distinct training chunks, drawn from the whole training split")
-    cache_activations: bool = Field(
+    affine: StrictBool = False
+    steps: StrictInt = Field(400, ge=1, description="optimizer steps (batch text chunks, all layers, per step)")
+    batch: StrictInt = Field(1, ge=1, description="text chunks per step (the global batch under torchrun)")
+    lr: StrictFloat = Field(1e-2, gt=0)
+    chunk_tokens: StrictInt = Field(2048, ge=8, description="tokens per chunk: train at the evaluation length")
+    train_chunks: StrictInt = Field(24, ge=1, description="distinct training chunks, drawn from the whole training split")
+    cache_activations: StrictBool = Field(
         True, description="keep each chunk's teacher activations (fast; memory grows with train_chunks) or recompute them every step"
     )
-    eval_chunks: int = Field(2, ge=1, description="held-out chunks for the before/after MSE")
-    heldout_fraction: float = Field(0.1, gt=0, lt=1)
+    eval_chunks: StrictInt = Field(2, ge=1, description="held-out chunks for the before/after MSE")
+    heldout_fraction: StrictFloat = Field(0.1, gt=0, lt=1)
     text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
 
     @field_validator("text", mode="before")
@@ -62,8 +63,8 @@ class LinearizeConfig(BaseModel):
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
 
-    checkpoint_every: int = Field(25, ge=1)
-    seed: int = 0
+    checkpoint_every: StrictInt = Field(25, ge=1)
+    seed: Seed = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
@@ -228,8 +229,10 @@ def linearize(
 
     start, losses, train_s = 0, [], 0.0
     ckpt = out / CHECKPOINT_FILE
-    if ckpt.is_file():
-        state = read_checkpoint(ckpt, cfg, geometry, "--steps")
+    # The text's and the teacher's fingerprints, once: a resume on other content or weights is refused.
+    inputs = run_inputs(cfg, model=model)
+    if ckpt.exists() or ckpt.is_symlink():
+        state = read_checkpoint(ckpt, cfg, geometry, "--steps", inputs)
         for i, s in students.items():
             s.load_state_dict(state["students"][str(i)])
         optimizer.load_state_dict(state["optimizer"])
@@ -238,8 +241,6 @@ def linearize(
         mse_before = {int(k): v for k, v in state["mse_before"].items()}
         if world.main:
             log(f"resuming from step {start} of {cfg.steps} ({ckpt})")
-
-    inputs = run_inputs(cfg)  # the text's fingerprint, once: a resume on other content is refused
 
     def save_checkpoint(step: int) -> None:
         if not world.main:

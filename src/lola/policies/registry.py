@@ -24,6 +24,7 @@ from typing import Annotated, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Strict, ValidationError, create_model
 
+from lola.errors import short_repr
 from lola.policies.base import ScoringPolicy
 from lola.registry import Registry
 
@@ -166,7 +167,7 @@ def build(name: str, **kwargs: Any) -> ScoringPolicy:
         try:
             valid = schema.model_validate(kwargs)
         except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']} (got {e.get('input')!r})" for e in err.errors())
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']} (got {short_repr(e.get('input'))})" for e in err.errors())
             # an option the policy does not take is a TypeError, as in any Python call
             kind = TypeError if all(e["type"] == "extra_forbidden" for e in err.errors()) else ValueError
             raise kind(f"policy {name!r} options: {problems}") from None

@@ -224,14 +224,22 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
     return FeatureMaps(config=config, geometry=geometry, tensors=tensors, path=str(folder), lora=lora, lora_spec=lora_spec)
 
 
+def _unique_keys(pairs: list) -> dict:
+    from lola.outputs import _unique_keys as unique
+
+    return unique(pairs)
+
+
 def _read_description(path: Path) -> dict:
     """``lola_config.json`` as a dict with lola's format marker, version 1 and both required keys."""
     try:
-        meta = json.loads(path.read_bytes().decode("utf-8"))
+        meta = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not a text file ({e.reason} at byte {e.start}); write it again with `lola linearize`") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON (truncated or garbled? {e}); write it again with `lola linearize`") from None
+    except ValueError as e:  # a key given twice: json would keep the last
+        raise ValueError(f"{path}: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a lola feature-map description (format {FORMAT!r})")
     if meta.get("version") != 1:

@@ -29,6 +29,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from lola.config import LoLAConfig
+from lola.errors import short_repr
 
 __all__ = ["LOLA_ARGS", "LoLALM", "byte_tokenizer", "check_model_args", "lola_config_from_args", "parse_flag", "read_lola_config"]
 
@@ -80,6 +81,13 @@ def _parse_value(value: Any) -> Any:
     return value
 
 
+def _check_name_or_path(what: str, value: Any, kinds: tuple[type, ...]) -> None:
+    """Refuse a value that is neither ``None``, a name nor a path (a number from lm-eval's parser
+    or a file), naming where it came from; read feature maps are accepted as they are."""
+    if value is not None and not isinstance(value, kinds) and not hasattr(value, "merge_into"):
+        raise TypeError(f"{what} must be a name or a path, got {short_repr(value)} ({type(value).__name__})")
+
+
 def lola_config_from_args(
     lola_config: str | os.PathLike | dict | LoLAConfig | None = None,
     model_name: str | None = None,
@@ -100,13 +108,7 @@ def lola_config_from_args(
             else uniform), ``"uniform"`` / ``None``, a shipped name or a ``lola calibrate`` file.
         **fields: LoLAConfig fields; they override the file's.
     """
-    for arg, value, kinds in (
-        ("lola_config", lola_config, (str, os.PathLike, dict, LoLAConfig)),
-        ("feature_maps", feature_maps, (str, os.PathLike)),
-        ("budgets", budgets, (str,)),
-    ):
-        if value is not None and not isinstance(value, kinds) and not (arg == "feature_maps" and hasattr(value, "merge_into")):
-            raise TypeError(f"model_args {arg} must be a name or a path, got {value!r} ({type(value).__name__})")
+    _check_name_or_path("model_args lola_config", lola_config, (str, os.PathLike, dict, LoLAConfig))
     if isinstance(lola_config, LoLAConfig):
         base: dict[str, Any] = lola_config.model_dump(exclude_unset=True)
     elif isinstance(lola_config, dict):
@@ -121,6 +123,9 @@ def lola_config_from_args(
         budgets = file_budgets if budgets == "auto" else budgets
     file_maps = base.pop("feature_maps", None)
     feature_maps = feature_maps if feature_maps is not None else file_maps
+    # given as model_args or read from the lola_config file: either way a name or a path
+    _check_name_or_path("model_args feature_maps (or its lola_config entry)", feature_maps, (str, os.PathLike))
+    _check_name_or_path("model_args budgets (or its lola_config entry)", budgets, (str,))
     unknown = sorted(set(fields) - set(LoLAConfig.model_fields))
     if unknown:
         raise ValueError(f"unknown model_args {unknown}: not LoLAConfig fields ({', '.join(LoLAConfig.model_fields)}) nor {', '.join(LOLA_ARGS)}")

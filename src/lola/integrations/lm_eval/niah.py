@@ -238,6 +238,8 @@ _ROW_KEYS = {"index", "length", "depth", "key", "answers", "prompt_tokens", "tex
 def _exported_by_us(path: Path) -> bool:
     """Whether ``path`` is a file that ``export-niah`` wrote (task YAML, scoring module or prompts),
     which a new export may replace; anything else in their place is someone else's."""
+    if path.is_symlink() or not path.is_file():  # a link, a folder, a FIFO (reading it would block)
+        return False
     try:
         with open(path, "rb") as f:
             first = f.readline(1 << 20).decode("utf-8")

@@ -12,7 +12,7 @@ from lola.config import LoLAConfig
 from lola.integrations.transformers.applied import CONFIG_KEY, AppliedLoLA, config_entry
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
 from lola.integrations.transformers.generation import install_forward_check, install_generation_hook, remove_forward_check, remove_generation_hook
-from lola.integrations.transformers.support import check_architecture
+from lola.integrations.transformers.support import check_architecture, check_flag
 from lola.layer import LoLAAttention, compose
 from lola.pretrained.geometry import attention_geometry, attention_modules
 
@@ -55,10 +55,11 @@ def apply_lola(
     config = LoLAConfig() if config is None else config
     if not isinstance(config, LoLAConfig):
         raise TypeError(f"config must be a lola.LoLAConfig, got {type(config).__name__}")
+    check_flag("force", force)
     if getattr(model, "_lola", None) is not None:
         raise ValueError("LoLA is already applied to this model; call remove_lola(model) first")
     if not force:
-        check_architecture(model)
+        check_architecture(model, stock_layers=config.full_attention_layers)
     maps = None
     if feature_maps is not None:
         from lola.pretrained.folder import FeatureMaps, check_geometry, read_feature_maps
@@ -151,6 +152,7 @@ def patch(
 
     The model is restored even if the body raises. Yields ``model``.
     """
+    check_flag("force", force)
     apply_lola(model, config, feature_maps=feature_maps, force=force)
     try:
         yield model

@@ -278,18 +278,19 @@ _TENSOR_NAME = re.compile(r"^cache-[0-9a-f]{16}\.safetensors$")
 
 
 def _read_meta(path: Path) -> Any:
-    """``cache.json``'s content; a file that is not JSON text is a ``ValueError`` naming it."""
-    try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); was it written by LoLACache.save?") from None
+    """``cache.json``'s content, read by :func:`lola.outputs.read_json` (the one strict JSON
+    reader: not UTF-8, garbled, a key given twice or not a regular file is a ``ValueError``
+    naming it)."""
+    from lola.outputs import read_json
+
+    return read_json(path, "valid JSON (a lola cache description, written by LoLACache.save)")
 
 
 def _is_cache_description(path: Path) -> bool:
     """Whether ``path`` is a ``cache.json`` that ``LoLACache.save`` wrote (and may replace)."""
     try:
         meta = _read_meta(path)
-    except ValueError:
+    except (ValueError, OSError):
         return False
     return isinstance(meta, dict) and meta.get("format") == _FORMAT
 

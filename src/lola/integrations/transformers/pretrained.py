@@ -39,6 +39,11 @@ def _lola_tensors(directory: Path) -> dict[str, torch.Tensor]:
                 for name in f.keys():
                     if ".lola." in name:
                         out[name] = f.get_tensor(name)
+                        # Trained LoLA weights are finite: a NaN would surface later as some
+                        # policy's or layer's fault, far from the file that holds it.
+                        t = out[name]
+                        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                            raise ValueError(f"{path}: LoLA weight {name!r} holds non-finite values (inf or NaN); the saved model is damaged")
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{path} cannot be read as safetensors ({e})") from None
     return out

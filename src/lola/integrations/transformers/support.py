@@ -14,9 +14,11 @@ the caller passes ``force=True``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
-__all__ = ["VERIFIED_MODEL_TYPES", "check_architecture", "unsupported_reason"]
+__all__ = ["VERIFIED_MODEL_TYPES", "check_architecture", "check_flag", "unsupported_reason"]
 
 # model_type values whose attention LoLA reproduces (checked with transformers 5.24: logits of
 # a tiny random model with LoLA, window >= sequence, softmax_only, equal the stock ones).
@@ -76,19 +78,28 @@ def _sinks_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _sliding_window_reason(config: object) -> str | None:
+def _sliding_window_reason(config: object, stock_layers: Collection[int] = ()) -> str | None:
     """A sliding window the model applies within its own context: stock attention forgets what
-    lies beyond it, LoLA would not (its sparse cache and state keep it), so outputs differ."""
+    lies beyond it, LoLA would not (its sparse cache and state keep it), so outputs differ.
+    Only layers LoLA runs matter: those in ``stock_layers`` keep their own attention."""
     window = getattr(config, "sliding_window", None)
     if window is None or getattr(config, "use_sliding_window", True) is False:
         return None
+    stock = set(stock_layers)
     layer_types = list(getattr(config, "layer_types", None) or [])
-    if layer_types and "sliding_attention" not in layer_types:
-        return None
+    if layer_types:
+        sliding = [i for i, t in enumerate(layer_types) if t == "sliding_attention" and i not in stock]
+        if not sliding:
+            return None
+    else:  # every layer slides
+        count = getattr(config, "num_hidden_layers", None)
+        sliding = [i for i in range(int(count)) if i not in stock] if isinstance(count, int) and stock else None
+        if sliding == []:
+            return None
     context = getattr(config, "max_position_embeddings", None)
     if context is not None and int(window) >= int(context):
         return None  # the window never binds
-    layers = [i for i, t in enumerate(layer_types) if t == "sliding_attention"] if layer_types else "all"
+    layers = sliding if sliding is not None else "all"
     return f"attends within a sliding window of {window} tokens (layers {layers}) in a {context}-token context, which LoLA does not reproduce"
 
 
@@ -98,15 +109,16 @@ def _rotary_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
+def unsupported_reason(model: torch.nn.Module, stock_layers: Collection[int] = ()) -> str | None:
     """Why LoLA would not reproduce ``model``'s attention, or ``None`` if it does.
 
     Checks, in order: logit soft-capping, ALiBi, learned attention sinks, a sliding window that
-    binds within the model's context, rotary embeddings, and finally whether
+    binds within the model's context on a layer LoLA runs (not one of ``stock_layers``, the
+    config's ``full_attention_layers``), rotary embeddings, and finally whether
     ``model.config.model_type`` is in :data:`VERIFIED_MODEL_TYPES`.
     """
     config = getattr(model, "config", None)
-    for reason in (_softcap_reason(config), _alibi_reason(config), _sinks_reason(model), _sliding_window_reason(config), _rotary_reason(model)):
+    for reason in (_softcap_reason(config), _alibi_reason(config), _sinks_reason(model), _sliding_window_reason(config, stock_layers), _rotary_reason(model)):
         if reason is not None:
             return reason
     model_type = getattr(config, "model_type", None)
@@ -115,14 +127,26 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def check_architecture(model: torch.nn.Module) -> None:
-    """Refuse a model whose attention LoLA does not reproduce (see :func:`unsupported_reason`).
+def check_flag(name: str, value: object) -> None:
+    """Refuse a flag of the public API that is not a real ``bool``: ``bool("false")`` is true,
+    so a string or a number would silently mean something else.
+
+    Raises:
+        TypeError: naming the flag and what it got.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_architecture(model: torch.nn.Module, stock_layers: Collection[int] = ()) -> None:
+    """Refuse a model whose attention LoLA does not reproduce (see :func:`unsupported_reason`;
+    ``stock_layers``, the config's ``full_attention_layers``, keep stock attention).
 
     Raises:
         ValueError: naming the model, its ``model_type`` and the reason; ``apply_lola(...,
             force=True)`` skips this check.
     """
-    reason = unsupported_reason(model)
+    reason = unsupported_reason(model, stock_layers)
     if reason is not None:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         raise ValueError(f"{type(model).__name__} (model_type {model_type!r}) {reason}: LoLA would change its outputs; pass force=True to apply it anyway")

@@ -1,0 +1,476 @@
+"""Class 2: state and cache integrity.
+
+States no run could have written (a negative normaliser, a window token in the wrong ring
+slot, sinks that are not the first tokens, mismatched shapes and dtypes), states moved to
+another layer or model, and scoring policies or schedules that misbehave. A state must be
+refused when it is loaded (or at latest when it is used) naming the tensor; a valid state, or
+a policy's harmless quirk, must give the right result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from common import CACHE_CFG, LAYER_CFG, continue_with, edit_cache, ids, layer_and_state, policy, saved_cache, step, tiny
+from harness import Case, CaseFailure, accept, either, ensure, refuse
+
+import lola
+
+
+def _harm(pair, ctx) -> None:
+    """Describes an accepted bad state by its effect: the outputs against the unedited state's."""
+    out, ref = pair
+    ensure(bool(torch.isfinite(out).all()), "nothing flagged it; the outputs hold inf or NaN")
+    diff = float((out.float() - ref.float()).abs().max())
+    if diff > 1e-5:
+        raise CaseFailure(f"nothing flagged it; the outputs differ from the unedited state's by up to {diff:.3g}")
+    raise CaseFailure("nothing flagged it (the outputs equal the unedited state's here)")
+
+
+def _same(pair, ctx) -> None:
+    out, ref = pair
+    ensure(torch.allclose(out.float(), ref.float(), atol=1e-5), f"accepted; outputs differ from the unedited state's by {float((out - ref).abs().max()):.3g}")
+
+
+def _load_and_step(cfg, edit, load_cfg=None):
+    """A layer's state edited by ``edit(sd)``, loaded into a fresh state, then six more tokens;
+    returns those outputs and the ones from the unedited state."""
+
+    def run(ctx):
+        attn, _, sd = layer_and_state(cfg)
+        target = attn if load_cfg is None else lola.compose(load_cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+        ref = None
+        if load_cfg is None:
+            ref_state = attn.new_state()
+            ref_state.load_state_dict({k: t.clone() for k, t in sd.items()})
+            ref = step(attn, ref_state)
+        edit(sd)
+        state = target.new_state()
+        state.load_state_dict(sd)
+        return step(target, state), ref
+
+    return run
+
+
+def _equal_after(edit):
+    """Outputs after loading an edited state, and after loading the unedited one."""
+
+    def run(ctx):
+        attn, _, sd = layer_and_state()
+        ref_state = attn.new_state()
+        ref_state.load_state_dict({k: t.clone() for k, t in sd.items()})
+        ref = step(attn, ref_state)
+        edit(sd)
+        state = attn.new_state()
+        state.load_state_dict(sd)
+        return step(attn, state), ref
+
+    return run
+
+
+def _negative_s(sd):
+    sd["linear.s"] = -sd["linear.s"].abs() - 1.0
+
+
+def _roll_window(sd):
+    for key in ("window.k", "window.v", "window.pos"):
+        sd[key] = sd[key].roll(1, dims=2)
+
+
+def _sinks_elsewhere(sd):
+    held = {int(p) for key in ("window.pos", "sparse.pos", "sinks.pos") for p in sd[key].flatten() if p >= 0}
+    free = [p for p in range(2, int(sd["seen"][0])) if p not in held][:2]
+    sd["sinks.pos"] = torch.tensor(free).view(1, 1, 2).expand_as(sd["sinks.pos"]).clone()
+
+
+def _two_rows_one_seen(sd):
+    for key in ("window.k", "window.v", "window.pos"):
+        sd[key] = torch.cat([sd[key], sd[key]])
+
+
+def _drop_acc(sd):
+    for key in [k for k in sd if k.endswith(".acc")]:
+        del sd[key]
+
+
+def _pos_int32(sd):
+    for key in ("sinks.pos", "window.pos", "sparse.pos"):
+        sd[key] = sd[key].int()
+
+
+def _extra_key(sd):
+    sd["window.extra"] = torch.zeros(1)
+
+
+def _cache_edit(change, n: int = 6):
+    """A saved tiny cache edited by ``change(tensors)`` (sums recomputed), loaded, then used."""
+
+    def run(ctx):
+        import shutil
+
+        from lola.integrations.transformers import LoLACache
+
+        model, _ = saved_cache(ctx.path("c"))
+        shutil.copytree(ctx.path("c"), ctx.path("unedited"))
+        edit_cache(ctx.path("c"), change)
+        cache = LoLACache.load(ctx.path("c"), model)
+        out = continue_with(model, cache, n)
+        return out, continue_with(model, LoLACache.load(ctx.path("unedited"), model), n)
+
+    return run
+
+
+def _slice_d(key_prefix):
+    def change(t):
+        for side in ("k", "v"):
+            t[f"{key_prefix}.{side}"] = t[f"{key_prefix}.{side}"][..., :8].contiguous()
+
+    return change
+
+
+def _cast(keys, dtype):
+    def change(t):
+        for key in keys:
+            t[key] = t[key].to(dtype)
+
+    return change
+
+
+def _swap_layers(ctx):
+    from lola.integrations.transformers import LoLACache, apply_lola
+
+    model, _ = tiny()
+    apply_lola(model, lola.LoLAConfig(**CACHE_CFG))
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(ids(30, 256), cache=cache)
+    ref_cache = LoLACache(model)
+    with torch.no_grad():
+        model(ids(30, 256), cache=ref_cache)
+    ref = continue_with(model, ref_cache)
+    cache.layers[0].state, cache.layers[1].state = cache.layers[1].state, cache.layers[0].state
+    return continue_with(model, cache), ref
+
+
+def _state_from_other_model(ctx):
+    from lola.integrations.transformers import LoLACache, apply_lola
+    from lola.models import tiny_random
+
+    a, b = tiny()[0], tiny_random(seed=1)[0]
+    caches = []
+    for m in (a, b):
+        apply_lola(m, lola.LoLAConfig(**CACHE_CFG))
+        caches.append(LoLACache(m))
+        with torch.no_grad():
+            m(ids(30, 256), cache=caches[-1])
+    ref_cache = LoLACache(b)
+    with torch.no_grad():
+        b(ids(30, 256), cache=ref_cache)
+    ref = continue_with(b, ref_cache)
+    caches[1].layers[0].state = caches[0].layers[0].state
+    return continue_with(b, caches[1]), ref
+
+
+def _ragged_roundtrip(ctx):
+    """Per-head sparse sizes (ragged storage): save, load into a fresh model, continue."""
+    from lola.integrations.transformers import LoLACache, apply_lola
+
+    model, cache = saved_cache(ctx.path("c"), sparse_size_per_head=[4, 1])
+    ref = continue_with(model, cache)
+    other, _ = tiny()
+    apply_lola(other, lola.LoLAConfig(**{**CACHE_CFG, "sparse_size_per_head": [4, 1]}))
+    return continue_with(other, LoLACache.load(ctx.path("c"), other)), ref
+
+
+def _unused_roundtrip(ctx):
+    """A cache that never saw a token: saved, loaded, then used as a fresh one."""
+    from lola.integrations.transformers import LoLACache, apply_lola
+
+    model, _ = tiny()
+    apply_lola(model, lola.LoLAConfig(**CACHE_CFG))
+    LoLACache(model).save(ctx.path("c"))
+    loaded = LoLACache.load(ctx.path("c"), model)
+    return continue_with(model, loaded), continue_with(model, LoLACache(model))
+
+
+# -- policies and schedules that misbehave --------------------------------------------------------
+
+
+def _scorer(fn, needs_attention=False):
+    @dataclass(frozen=True)
+    class Scorer:
+        def score(self, candidates, ctx):
+            return fn(candidates)
+
+    Scorer.needs_attention = needs_attention
+    return Scorer
+
+
+def _with_policy(name, factory, check_sparse=False, padded=False):
+    """A layer scoring with the plug-in ``factory``, over 40 tokens; returns (outputs, sparse slots held)."""
+
+    def run(ctx):
+        with policy(name, factory):
+            cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, policy=name)
+            attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+            x = torch.randn(1, 40, 4, 8, generator=torch.Generator().manual_seed(0))
+            state = attn.new_state()
+            with torch.no_grad():
+                o, state = attn(x, x[:, :, :2], x[:, :, :2], state=state)
+            return o, int((state.sparse.block.pos >= 0).sum(-1).min())
+
+    return run
+
+
+def _sparse_full(result, ctx) -> None:
+    out, held = result
+    ensure(bool(torch.isfinite(out).all()), "accepted; outputs hold inf or NaN")
+    ensure(held == 4, f"accepted; the sparse cache holds {held} of 4 tokens though 26 candidates were offered (empty slots kept over tokens)")
+
+
+def _nan_on_empty(c):
+    s = c.pos.float()
+    return torch.where(c.valid, s, torch.full_like(s, float("nan")))
+
+
+class _BuildsNothing:
+    """Passes registration (it has a ``score``) but building it gives a plain ``object()``."""
+
+    def __new__(cls, **kwargs):
+        return object()
+
+    def score(self, candidates, ctx):  # pragma: no cover - never reached
+        return candidates.pos.float()
+
+
+def _function_factory(**kwargs):
+    """A factory function (documented as allowed) returning a built-in policy."""
+    from lola.policies import Recency
+
+    return Recency()
+
+
+def _schedule(until):
+    """A schedule plug-in whose ``tokens_until_step`` answers ``until`` (period 4)."""
+
+    @dataclass(frozen=True)
+    class Odd:
+        period: int = 4
+
+        def tokens_until_step(self, seen):
+            return torch.full_like(seen, until)
+
+    return lambda chunk: Odd()
+
+
+def _padded_with_schedule(name, until):
+    def run(ctx):
+        from lola.schedules import register, unregister
+
+        register(name, _schedule(until), overwrite=True)
+        try:
+            cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, schedule=name)
+            attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+            x = torch.randn(2, 40, 4, 8, generator=torch.Generator().manual_seed(0))
+            mask = torch.ones(2, 40, dtype=torch.bool)
+            mask[1, :3] = False  # a left-padded batch: the per-row path
+            with torch.no_grad():
+                o, _ = attn(x, x[:, :, :2], x[:, :, :2], padding_mask=mask)
+            return o.shape
+        finally:
+            unregister(name)
+
+    return run
+
+
+LOLCATS = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, mixing="lolcats")
+ATTENTION = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, policy="attention")
+F8 = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, feature_map="hedgehog", feature_dim=8)
+F16 = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, feature_map="hedgehog", feature_dim=16)
+
+CASES = [
+    Case(
+        "state-linear-s-negative",
+        "state",
+        "a state whose normaliser linear.s is negative (hedgehog features are positive), lolcats mixing",
+        _load_and_step(LOLCATS, _negative_s),
+        refuse("linear.s", check=_harm),
+    ),
+    Case(
+        "state-window-token-in-wrong-ring-slot",
+        "state",
+        "window.k/v/pos rolled by one slot (each token off its ring slot p % capacity), then six more tokens",
+        _load_and_step(LAYER_CFG, _roll_window),
+        either("window.pos", check=_same),
+    ),
+    Case(
+        "state-sinks-not-the-first-tokens",
+        "state",
+        "sinks.pos holds two later positions (held nowhere else) instead of 0 and 1",
+        _load_and_step(LAYER_CFG, _sinks_elsewhere),
+        either("sinks.pos", check=_same),
+    ),
+    Case(
+        "state-rows-disagree",
+        "state",
+        "window tensors with two rows, seen with one",
+        _load_and_step(LAYER_CFG, _two_rows_one_seen),
+        refuse("window"),
+    ),
+    Case(
+        "state-unknown-key",
+        "state",
+        "a state dict with an extra key window.extra",
+        _load_and_step(LAYER_CFG, _extra_key),
+        refuse("window.extra", check=_harm),
+    ),
+    Case(
+        "state-acc-missing-for-attention-policy",
+        "state",
+        "a state of a layer scored by 'attention' without its tracked attention (.acc tensors)",
+        _load_and_step(ATTENTION, _drop_acc),
+        refuse("acc"),
+    ),
+    Case(
+        "state-feature-dim-of-other-maps",
+        "state",
+        "a state of a hedgehog f=8 layer loaded into a hedgehog f=16 layer, then used",
+        _load_and_step(F8, lambda sd: None, load_cfg=F16),
+        refuse("linear"),
+    ),
+    Case(
+        "state-positions-int32",
+        "state",
+        "positions stored as int32 instead of int64 (valid values)",
+        _equal_after(_pos_int32),
+        either("pos", check=_same),
+    ),
+    Case(
+        "state-seen-int32",
+        "state",
+        "'seen' stored as int32 instead of int64",
+        _equal_after(lambda sd: sd.update(seen=sd["seen"].int())),
+        either("seen", check=_same),
+    ),
+    Case(
+        "state-layers-swapped-in-a-cache",
+        "state",
+        "LoLACache: layer 0's and layer 1's states swapped in memory, then decoding goes on",
+        _swap_layers,
+        refuse("layer", check=_harm),
+    ),
+    Case(
+        "state-from-another-models-cache",
+        "state",
+        "a state object of model A's cache put into model B's cache (same config), then decoding",
+        _state_from_other_model,
+        refuse("another model", check=_harm),
+    ),
+    Case(
+        "cache-sparse-head-dim-edited",
+        "state",
+        "saved cache with sparse.k/v of head_dim 8 (the model's is 16), sums recomputed, loaded and used",
+        _cache_edit(_slice_d("layers.0.sparse")),
+        refuse("sparse"),
+    ),
+    Case(
+        "cache-sparse-float16",
+        "state",
+        "saved cache with sparse.k/v in float16 (model float32), sums recomputed, loaded and used",
+        _cache_edit(_cast(["layers.0.sparse.k", "layers.0.sparse.v"], torch.float16)),
+        refuse("sparse.k", check=_harm),
+    ),
+    Case(
+        "cache-window-float64",
+        "state",
+        "saved cache with window.k/v in float64 (model float32), sums recomputed, loaded and used",
+        _cache_edit(_cast(["layers.0.window.k", "layers.0.window.v"], torch.float64)),
+        refuse("window.k"),
+    ),
+    Case(
+        "cache-linear-int",
+        "state",
+        "saved cache with linear.H as int64, sums recomputed",
+        _cache_edit(_cast(["layers.1.linear.H"], torch.int64)),
+        refuse("float32"),
+    ),
+    Case(
+        "cache-ragged-budgets-roundtrip",
+        "state",
+        "per-head sparse sizes [4, 1]: save, load into a fresh copy of the model, decode (must match)",
+        _ragged_roundtrip,
+        accept(_same),
+    ),
+    Case(
+        "cache-unused-roundtrip",
+        "state",
+        "a LoLACache that saw no token, saved and loaded, then used like a fresh one",
+        _unused_roundtrip,
+        accept(_same),
+    ),
+    Case(
+        "policy-scores-plus-inf",
+        "state",
+        "a policy plug-in scoring every candidate +inf",
+        _with_policy("plus_inf", _scorer(lambda c: torch.full(c.pos.shape, float("inf")))),
+        accept(_sparse_full),
+    ),
+    Case(
+        "policy-scores-minus-inf",
+        "state",
+        "a policy plug-in scoring every candidate -inf",
+        _with_policy("minus_inf", _scorer(lambda c: torch.full(c.pos.shape, float("-inf")))),
+        either("minus_inf", check=_sparse_full),
+    ),
+    Case(
+        "policy-scores-int64",
+        "state",
+        "a policy plug-in returning int64 scores (positions)",
+        _with_policy("int_scores", _scorer(lambda c: c.pos.clone())),
+        accept(_sparse_full),
+    ),
+    Case(
+        "policy-nan-only-on-empty-slots",
+        "state",
+        "a policy plug-in returning NaN for empty slots only (ignored by design)",
+        _with_policy("nan_empty", _scorer(_nan_on_empty)),
+        accept(_sparse_full),
+    ),
+    Case(
+        "policy-scores-a-list",
+        "state",
+        "a policy plug-in returning a Python list instead of a tensor",
+        _with_policy("list_scores", _scorer(lambda c: c.pos.float().tolist())),
+        refuse("list_scores"),
+    ),
+    Case(
+        "policy-factory-builds-nothing",
+        "state",
+        "a policy plug-in whose factory returns object()",
+        _with_policy("builds_nothing", _BuildsNothing),
+        refuse("builds_nothing"),
+    ),
+    Case(
+        "policy-function-factory",
+        "state",
+        "a policy registered as a factory function (register's docstring: 'a class or callable')",
+        _with_policy("function_factory", _function_factory),
+        accept(_sparse_full),
+    ),
+    Case(
+        "schedule-zero-tokens-until-step-padded",
+        "state",
+        "a schedule plug-in answering 0 tokens until its step, on a left-padded batch",
+        _padded_with_schedule("zero_until", 0),
+        refuse("schedule"),
+        timeout=30,
+    ),
+    Case(
+        "schedule-beyond-period-padded",
+        "state",
+        "a schedule plug-in answering 7 tokens until its step with period 4, on a left-padded batch",
+        _padded_with_schedule("late_step", 7),
+        refuse("schedule"),
+    ),
+]

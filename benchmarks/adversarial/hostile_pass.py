@@ -1,0 +1,185 @@
+"""An adversarial pass over lola: hostile inputs of seven classes, each outcome classified.
+
+Run from the repository root::
+
+    python benchmarks/adversarial/hostile_pass.py                 # every case
+    python benchmarks/adversarial/hostile_pass.py --only files    # one class
+    python benchmarks/adversarial/hostile_pass.py --case state-linear-s-negative
+    python benchmarks/adversarial/hostile_pass.py --batch 2       # the second batch only
+
+Two batches: batch 1 (``cases_<class>.py``) was written before the fixes it led to; batch 2
+(``cases2_<class>.py``) was written after them, fresh cases to check that the fixes hold.
+
+Every case runs in its own forked child under a memory limit (``--limit-gib``, default 6) in
+its own temporary folder. The script prints one row per case (id, class, outcome, message)
+and the counts per class and outcome, and writes ``last_pass.json`` beside itself. It is a
+measurement: the exit status is 0 whatever the outcomes.
+
+Outcomes: ``clear`` (refused, one line naming the fault), ``unclear`` (refused, but the message
+lacks the name, is a bare KeyError, several lines or a non-user exception), ``silent``
+(accepted where it should be refused, or a wrong result), ``lost`` (a file that was there
+changed or vanished), ``oom`` (allocation beyond the limit, or killed), ``ok`` (a valid edge
+case accepted with a right result), ``refused-valid`` (a valid input refused) and ``timeout``
+(the case hung).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+try:
+    import lola  # noqa: F401
+except ImportError:  # a checkout without the package installed
+    sys.path.insert(0, str(HERE.parents[1] / "src"))
+
+import cases2_attention  # noqa: E402
+import cases2_files  # noqa: E402
+import cases2_messages  # noqa: E402
+import cases2_numbers  # noqa: E402
+import cases2_refused  # noqa: E402
+import cases2_resume  # noqa: E402
+import cases2_state  # noqa: E402
+import cases_attention  # noqa: E402
+import cases_files  # noqa: E402
+import cases_messages  # noqa: E402
+import cases_numbers  # noqa: E402
+import cases_refused  # noqa: E402
+import cases_resume  # noqa: E402
+import cases_state  # noqa: E402
+from harness import CLASSES, OUTCOMES, Case, classify  # noqa: E402
+from runner import GIB, check_limit_allows_imports, preload, run_cases  # noqa: E402
+
+MODULES = (cases_attention, cases_state, cases_resume, cases_files, cases_numbers, cases_refused, cases_messages)
+MODULES2 = (cases2_attention, cases2_state, cases2_resume, cases2_files, cases2_numbers, cases2_refused, cases2_messages)
+BATCHES = {"1": MODULES, "2": MODULES2, "all": MODULES + MODULES2}
+
+
+def batch_of(case: Case) -> int:
+    """1 or 2: the batch whose modules hold ``case``."""
+    return 2 if any(case in m.CASES for m in MODULES2) else 1
+
+
+def all_cases(batch: str = "all") -> list[Case]:
+    """Every case of ``batch`` ("1", "2" or "all"), checked for unique ids and known classes."""
+    cases = [c for m in BATCHES[batch] for c in m.CASES]
+    seen: set[str] = set()
+    for c in cases:
+        if c.id in seen or c.cls not in CLASSES:
+            raise SystemExit(f"case {c.id!r}: duplicate id or unknown class {c.cls!r}")
+        seen.add(c.id)
+    return cases
+
+
+def _limit_probe() -> Case:
+    """A case that must come out ``oom``: it allocates more than the limit allows."""
+    from harness import accept
+
+    def run(ctx):
+        import torch
+
+        return torch.empty(64 * GIB, dtype=torch.uint8).fill_(1).sum()
+
+    return Case("limit-probe", "numbers", "allocate 64 GiB under the limit (the mechanism's own check)", run, accept())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", choices=sorted(BATCHES), default="all", help="1: the first batch, 2: the second, all (default): both")
+    parser.add_argument("--only", choices=CLASSES, action="append", help="run this class only (repeatable)")
+    parser.add_argument("--case", action="append", help="run the case with this id only (repeatable; a trailing * matches a prefix)")
+    parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
+    parser.add_argument("--limit-gib", type=float, default=6.0, help="address-space limit of each case, GiB (default 6)")
+    parser.add_argument("--json", default=None, help="where to write the results (default here: last_pass.json; last_pass_batch2.json with --batch 2)")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+
+    cases = all_cases(args.batch)
+    if args.json is None:
+        args.json = str(HERE / ("last_pass_batch2.json" if args.batch == "2" else "last_pass.json"))
+    if args.only:
+        cases = [c for c in cases if c.cls in args.only]
+    if args.case:
+        cases = [c for c in cases if any(c.id == p or (p.endswith("*") and c.id.startswith(p[:-1])) for p in args.case)]
+    if args.list:
+        for c in cases:
+            print(f"{c.id:<44} {c.cls:<10} {c.what}")
+        return 0
+    if not cases:
+        print("no case matches")
+        return 0
+
+    limit = int(args.limit_gib * GIB)
+    t0 = time.time()
+    imports_ok = check_limit_allows_imports(limit)
+    preload()
+    root = Path(tempfile.mkdtemp(prefix="lola-hostile-"))
+    probe = run_cases([_limit_probe()], root / "probe", limit)["limit-probe"]
+    probe_outcome = classify(_limit_probe(), probe)[0]
+    print(f"memory limit {args.limit_gib:g} GiB per case: imports under it {imports_ok}; a 64 GiB allocation comes out {probe_outcome}\n")
+
+    rows: list[dict] = []
+
+    def report(case: Case, record: dict, seconds: float) -> None:
+        outcome, why, message = classify(case, record)
+        rows.append(
+            dict(
+                id=case.id,
+                batch=batch_of(case),
+                cls=case.cls,
+                what=case.what,
+                expect=case.expect.kind,
+                outcome=outcome,
+                why=why,
+                message=message,
+                seconds=round(seconds, 2),
+            )
+        )
+        shown = why if outcome in ("silent", "lost", "timeout") else f"{why}: {message}" if why else message
+        print(f"{case.id:<44} {case.cls:<10} {outcome:<13} {shown[:150]}", flush=True)
+
+    print(f"{'case':<44} {'class':<10} {'outcome':<13} message")
+    print("-" * 120)
+    try:
+        run_cases(cases, root / "cases", limit, jobs=max(1, args.jobs), report=report)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    order = {c.id: i for i, c in enumerate(cases)}
+    rows.sort(key=lambda r: order[r["id"]])
+    counts = {cls: {o: 0 for o in OUTCOMES} for cls in CLASSES}
+    for r in rows:
+        counts[r["cls"]][r["outcome"]] += 1
+    used = [o for o in OUTCOMES if any(counts[c][o] for c in CLASSES)]
+    print(f"\n{len(rows)} cases in {time.time() - t0:.0f} s\n")
+    print(f"{'class':<12}" + "".join(f"{o:>14}" for o in used) + f"{'total':>8}")
+    for cls in CLASSES:
+        n = sum(counts[cls].values())
+        if n:
+            print(f"{cls:<12}" + "".join(f"{counts[cls][o]:>14}" for o in used) + f"{n:>8}")
+    print(f"{'all':<12}" + "".join(f"{sum(counts[c][o] for c in CLASSES):>14}" for o in used) + f"{len(rows):>8}")
+
+    payload = {
+        "cases": rows,
+        "counts": {c: {o: n for o, n in counts[c].items() if n} for c in CLASSES if any(counts[c].values())},
+        "batch": args.batch,
+        "limit_gib": args.limit_gib,
+        "limit_check": {"imports": imports_ok, "probe": probe_outcome},
+        "seconds": round(time.time() - t0, 1),
+        "python": platform.python_version(),
+    }
+    Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"\nwritten: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

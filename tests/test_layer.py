@@ -1,5 +1,7 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lola
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
@@ -186,6 +188,52 @@ def test_gradients_reach_feature_maps_and_window_factors():
     o.square().mean().backward()
     for name, p in attn.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    mixing=st.sampled_from(["lola_authors", "lolcats", "softmax_only"]),
+    sparse_size=st.integers(0, 4),
+    schedule=st.sampled_from(["chunkwise", "tokenwise"]),
+)
+def test_gradients_through_the_engine_are_those_of_its_outputs(seed, mixing, sparse_size, schedule):
+    """Stage 2 trains through the inference path (``FinetuneConfig.lola``): autograd's derivative
+    of the layer, along a random direction of every input and parameter at once, equals the
+    central difference of its outputs (the selection is piecewise constant: the step is small
+    enough not to change it; the engine computes in float32, hence float64 inputs and a 1e-3 step)."""
+    cfg = lola.LoLAConfig(window=3, sparse_size=sparse_size, sinks=1, chunk=3, schedule=schedule, mixing=mixing, feature_map="hedgehog", feature_dim=6)
+    torch.manual_seed(seed)
+    attn = lola.compose(cfg, num_heads=2, head_dim=4, num_kv_heads=1).double()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # away from the initialisation's symmetries
+    q, k, v = (x.double() for x in inputs(b=1, t=15, h=2, h_kv=1, d=4, seed=seed))
+    xs = [q, k, v, *attn.parameters()]
+    direction = [torch.randn_like(x) for x in xs]
+    weights = torch.randn(1, 15, 2, 4, dtype=torch.float64)
+
+    def loss(tensors, grad):
+        qq, kk, vv, *params = tensors
+        with torch.no_grad():
+            for p, value in zip(attn.parameters(), params):
+                p.copy_(value)
+        with torch.set_grad_enabled(grad):
+            return (attn(qq, kk, vv)[0] * weights).sum()
+
+    leaves = [x.detach().clone().requires_grad_(True) for x in xs[:3]]
+    start = [x.detach().clone() for x in xs]
+    out = loss(leaves + start[3:], True)
+    for p in attn.parameters():
+        p.grad = None
+    out.backward()
+    grads = [x.grad for x in leaves] + [p.grad for p in attn.parameters()]
+    analytic = sum(float((g * d).sum()) for g, d in zip(grads, direction) if g is not None)
+    eps = 1e-3
+    plus = loss([x + eps * d for x, d in zip(start, direction)], False)
+    minus = loss([x - eps * d for x, d in zip(start, direction)], False)
+    numeric = float(plus - minus) / (2 * eps)
+    assert analytic == pytest.approx(numeric, rel=2e-3, abs=2e-3)
 
 
 @pytest.mark.parametrize("storage", ["kv_head", "query_head"])

@@ -170,6 +170,7 @@ def _linearize(args: argparse.Namespace) -> int:
         "batch": "batch",
         "chunk_tokens": "seq_len",
         "lora_lr": "lr",
+        "warmup_steps": "warmup_steps",
         "maps_lr": "maps_lr",
         "lora_rank": "lora_rank",
         "lora_alpha": "lora_alpha",
@@ -183,6 +184,10 @@ def _linearize(args: argparse.Namespace) -> int:
     }
     opts1 = {f: getattr(args, a) for a, f in stage1.items() if getattr(args, a) is not None}
     opts2 = {f: getattr(args, a) for a, f in stage2.items() if getattr(args, a) is not None}
+    if args.from_lora:
+        opts2["from_lora"] = True
+    if args.gradient_checkpointing:
+        opts2["gradient_checkpointing"] = True
     model_name = args.model
     if args.quick:  # a smoke run: tiny random model, a few short steps
         model_name = model_name or "tiny-random-llama"
@@ -190,6 +195,10 @@ def _linearize(args: argparse.Namespace) -> int:
         opts1 = {**quick, "steps": 6, "chunk_tokens": 128, "train_chunks": 3, "window": 16, "checkpoint_every": 3, **opts1}
         opts2 = {**quick, "steps": 4, "seq_len": 128, "warmup_steps": 1, "checkpoint_every": 2, **opts2}
     model_name = model_name or "smollm2-135m-instruct"
+    if args.stage2_attention == "lola":
+        from lola.eval.runner import default_lola_config
+
+        opts2["lola"] = default_lola_config(model_name)
     from pydantic import ValidationError
 
     cfg1 = LinearizeConfig(**opts1) if args.stage in ("1", "all") else None
@@ -423,11 +432,28 @@ def build_parser() -> argparse.ArgumentParser:
     g2 = lin.add_argument_group("stage 2 (LoRA fine-tuning, KL to the stock model)")
     g2.add_argument("--stage2-steps", dest="stage2_steps", type=int, help="optimizer steps (default 150)")
     g2.add_argument("--lora-lr", dest="lora_lr", type=float, help="learning rate of the LoRA weights (default 1e-3)")
+    g2.add_argument("--warmup-steps", dest="warmup_steps", type=int, help="steps of linear warm-up before the cosine decay (default 10)")
     g2.add_argument("--maps-lr", dest="maps_lr", type=float, help="learning rate of the feature maps and window factors (default 1e-3; 0 freezes them)")
     g2.add_argument("--lora-rank", dest="lora_rank", type=int, help="LoRA rank (default 8)")
     g2.add_argument("--lora-alpha", dest="lora_alpha", type=float, help="LoRA alpha (default 16)")
     g2.add_argument("--kl-weight", dest="kl_weight", type=float, help="weight of KL(teacher || student) (default 1)")
     g2.add_argument("--ce-weight", dest="ce_weight", type=float, help="weight of the next-token cross-entropy (default 0)")
+    g2.add_argument(
+        "--stage2-attention",
+        dest="stage2_attention",
+        choices=("hybrid", "lola"),
+        default="hybrid",
+        help="hybrid (default, LoLCATs): train the sliding-window hybrid; lola: train through LoLA as `lola niah` runs it (sinks, window, sparse cache with the model's budgets, the paper's rule)",
+    )
+    g2.add_argument(
+        "--gradient-checkpointing",
+        dest="gradient_checkpointing",
+        action="store_true",
+        help="recompute each layer in the backward pass (far less memory, about a third more time; for --stage2-attention lola beyond 2K tokens)",
+    )
+    g2.add_argument(
+        "--from-lora", dest="from_lora", action="store_true", help="continue from the LoRA weights of --feature-maps (a stage-2 folder or shipped name)"
+    )
     lin.add_argument("--quick", action="store_true", help="a few short steps of both stages on a tiny random model (smoke test)")
     lin.set_defaults(func=_linearize)
 

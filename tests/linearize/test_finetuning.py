@@ -172,3 +172,132 @@ def test_stage2_refusals(stage1, tmp_path):
     (out / FINETUNE_CHECKPOINT_FILE).unlink()
     with pytest.raises(ValueError, match="already holds stage-2 LoRA"):
         finetune(sharp_model(), ByteTokenizer(), STAGE2, out, progress=False, log=lambda s: None)
+
+
+# Stage 2 through LoLA as it runs at inference (FinetuneConfig.lola), and continuing from a stage-2
+# folder (from_lora).
+THROUGH_LOLA = lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8, mixing="lola_authors")
+
+
+def heldout_ids():
+    from lola.data import encode, load_text, split_text
+
+    return encode(ByteTokenizer(), split_text(load_text("pydoc"))[1])[None, :96]
+
+
+def kl_through(folder, config):
+    """KL(stock ‖ the folder read through ``config``) on the held-out chunk, by the inference path."""
+    ids, model = heldout_ids(), sharp_model()
+    with torch.no_grad():
+        stock = model(ids).logits
+        apply_lola(model, config, feature_maps=folder)
+        return float(distillation_loss(model(ids).logits, stock, ids, 1.0, 0.0))
+
+
+def test_stage2_through_lola_trains_the_inference_path(stage1, tmp_path):
+    out = copy_folder(stage1, tmp_path / "run")
+    # (the hybrid's learning rate overshoots here: the exact tokens already carry most outputs)
+    cfg = STAGE2.model_copy(update={"steps": 24, "lr": 1e-3, "maps_lr": 1e-3, "lola": THROUGH_LOLA})
+    report = finetune(sharp_model(), ByteTokenizer(), cfg, out, progress=False, log=lambda s: None)
+    assert report["kl_heldout"]["after"] < report["kl_heldout"]["before"], report["kl_heldout"]
+    # the student trained and measured in training is LoLA as the folder runs at inference
+    # (sparse cache, sinks, chunkwise SRE, lola_authors), read back through apply_lola
+    assert kl_through(out, THROUGH_LOLA) == pytest.approx(report["kl_heldout"]["after"], rel=1e-4)
+    assert kl_through(stage1, THROUGH_LOLA) == pytest.approx(report["kl_heldout"]["before"], rel=1e-4)
+    # the folder still describes the hybrid its maps came from; the training attention is reported
+    maps = read_feature_maps(out)
+    assert maps.config.sparse_size == 0 and maps.config.mixing == read_feature_maps(stage1).config.mixing
+    assert report["config"]["lola"]["sparse_size"] == 8 and report["student_config"]["mixing"] == "lola_authors"
+    assert report["student_config"]["feature_map"] == maps.config.feature_map  # the trained maps were in the student
+
+
+def test_stage2_through_lola_resumes_like_an_uninterrupted_run(stage1, tmp_path, monkeypatch):
+    import lola.linearize.finetuning as ft
+
+    cfg = STAGE2.model_copy(update={"steps": 6, "checkpoint_every": 3, "lola": THROUGH_LOLA})
+    whole = finetune(sharp_model(), ByteTokenizer(), cfg, copy_folder(stage1, tmp_path / "whole"), progress=False, log=lambda s: None)
+    part = copy_folder(stage1, tmp_path / "part")
+    real, calls = ft.distillation_loss, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) > 1 + 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(ft, "distillation_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        finetune(sharp_model(), ByteTokenizer(), cfg, part, progress=False, log=lambda s: None)
+    monkeypatch.setattr(ft, "distillation_loss", real)
+    with pytest.raises(ValueError, match="other options"):  # another LoLA config is another run
+        finetune(sharp_model(), ByteTokenizer(), cfg.model_copy(update={"lola": THROUGH_LOLA.model_copy(update={"sparse_size": 4})}), part, progress=False)
+    resumed = finetune(sharp_model(), ByteTokenizer(), cfg, part, progress=False, log=lambda s: None)
+    assert resumed["train_loss"]["every_step"] == pytest.approx(whole["train_loss"]["every_step"], rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def stage2(stage1, tmp_path_factory):
+    out = copy_folder(stage1, tmp_path_factory.mktemp("stage2") / "run")
+    finetune(sharp_model(), ByteTokenizer(), STAGE2.model_copy(update={"steps": 4}), out, progress=False, log=lambda s: None)
+    return out
+
+
+def test_from_lora_starts_where_the_folder_ends(stage2, tmp_path):
+    cfg = STAGE2.model_copy(update={"steps": 2, "from_lora": True, "lola": THROUGH_LOLA})
+    report = finetune(sharp_model(), ByteTokenizer(), cfg, tmp_path / "continued", maps=stage2, progress=False, log=lambda s: None)
+    # before any step the student is the stage-2 folder (its LoRA merged, its maps) read by LoLA
+    assert report["kl_heldout"]["before"] == pytest.approx(kl_through(stage2, THROUGH_LOLA), rel=1e-4)
+    assert kl_through(tmp_path / "continued", THROUGH_LOLA) == pytest.approx(report["kl_heldout"]["after"], rel=1e-4)
+    assert "start" in report["inputs"]
+
+
+def test_from_lora_refusals(stage1, stage2, tmp_path):
+    cfg = STAGE2.model_copy(update={"steps": 1, "from_lora": True})
+    with pytest.raises(ValueError, match="holds no LoRA weights"):
+        finetune(sharp_model(), ByteTokenizer(), cfg, tmp_path / "a", maps=stage1, progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="rank"):
+        finetune(sharp_model(), ByteTokenizer(), cfg.model_copy(update={"lora_rank": 4}), tmp_path / "b", maps=stage2, progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="must not be the folder it continues from"):
+        finetune(sharp_model(), ByteTokenizer(), cfg, stage2, maps=stage2, progress=False, log=lambda s: None)
+
+
+def test_cli_stage2_through_lola_continues_a_stage2_folder(tmp_path, capsys):
+    from lola.cli import main
+    from lola.eval.runner import NiahRun, default_lola_config, method_configs
+
+    first = tmp_path / "first"
+    assert main(["linearize", "--quick", "--out", str(first)]) == 0
+    then = tmp_path / "then"
+    cmd = ["linearize", "--quick", "--stage", "2", "--feature-maps", str(first), "--out", str(then), "--stage2-attention", "lola", "--from-lora"]
+    assert main([*cmd, "--warmup-steps", "0"]) == 0
+    report = json.loads((then / FINETUNE_REPORT_FILE).read_text())
+    # the LoLA `lola niah` runs by default on this model, decided in one place
+    assert report["config"]["lola"] == default_lola_config("tiny-random-llama").model_dump(mode="json")
+    assert default_lola_config("tiny-random-llama") == method_configs(NiahRun(model="tiny-random-llama", methods=["lola"], feature_maps=str(first)))["lola-sre"]
+    assert report["config"]["from_lora"] is True and report["config"]["warmup_steps"] == 0
+    assert report["student_config"]["mixing"] == "lola_authors"  # the paper's rule, as lola niah runs it
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # argparse: one line naming the option
+        main(["linearize", "--quick", "--stage", "2", "--out", str(tmp_path / "x"), "--feature-maps", str(first), "--stage2-attention", "sparse"])
+    assert "--stage2-attention" in capsys.readouterr().err
+    assert main([*cmd[:-1], "--out", str(tmp_path / "y")]) == 2  # without --from-lora a stage-2 folder is refused
+    assert "--from-lora" in capsys.readouterr().err
+
+
+def test_gradient_checkpointing_trains_the_same(stage1, tmp_path):
+    cfg = STAGE2.model_copy(update={"steps": 3, "lr": 1e-3, "maps_lr": 1e-3, "lola": THROUGH_LOLA, "eval_chunks": 0})
+    plain = finetune(sharp_model(), ByteTokenizer(), cfg, copy_folder(stage1, tmp_path / "plain"), progress=False, log=lambda s: None)
+    model = sharp_model()
+    recomputed = finetune(
+        model,
+        ByteTokenizer(),
+        cfg.model_copy(update={"gradient_checkpointing": True}),
+        copy_folder(stage1, tmp_path / "ckpt"),
+        progress=False,
+        log=lambda s: None,
+    )
+    assert model.model.layers[0].gradient_checkpointing  # it really recomputed
+    assert recomputed["train_loss"]["every_step"] == pytest.approx(plain["train_loss"]["every_step"], rel=1e-5)
+    a, b = read_feature_maps(tmp_path / "plain"), read_feature_maps(tmp_path / "ckpt")
+    for k in a.lora:
+        torch.testing.assert_close(b.lora[k], a.lora[k], rtol=1e-4, atol=1e-6)

@@ -36,6 +36,7 @@ __all__ = [
     "NiahRun",
     "SampleRecord",
     "check_budgets",
+    "default_lola_config",
     "check_out_folder",
     "run_inputs",
     "format_depth_summary",
@@ -218,6 +219,15 @@ def _with_budgets(cfg: LoLAConfig, budgets: str | None, model: str) -> LoLAConfi
     if budgets is None or budgets == "uniform":
         return cfg
     return head_budgets.load(budgets).apply(cfg)
+
+
+def default_lola_config(model: str) -> LoLAConfig:
+    """The ``lola`` method as ``lola niah --feature-maps …`` runs it by default for ``model``:
+    :class:`NiahRun`'s window, sparse cache, sinks and chunk, the model's shipped budgets if it
+    has any (``budgets="auto"``), the rule left for :mod:`lola.resolve` (the paper's)."""
+    d = {name: field.default for name, field in NiahRun.model_fields.items()}
+    cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=True)
+    return _with_budgets(cfg, d["budgets"], model)
 
 
 def check_budgets(run: NiahRun, model: Any) -> None:

@@ -23,8 +23,9 @@ from typing import Callable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
+from lola.config import LoLAConfig
 from lola.data import describe, encode, load_split, token_chunks
 from lola.demo import Seed
 from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
@@ -62,6 +63,20 @@ class FinetuneConfig(BaseModel):
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
 
+    # The LoLCATs recipe trains the sliding-window hybrid; LoLA then reads it with a sparse cache
+    # and a rule it never saw. A LoLA config here trains through the layers as they run at
+    # inference instead, so the state learns to complement the cache (the selection itself is
+    # not differentiated).
+    lola: LoLAConfig | None = Field(
+        None,
+        description="None: train the sliding-window hybrid (LoLCATs); a LoLA config: train through LoLA layers as they run with it at inference (sinks, window, sparse cache and its policy, schedule, mixing rule)",
+    )
+    from_lora: StrictBool = Field(False, description="start from the LoRA weights of the starting folder (a stage-2 folder) instead of new adapters")
+    # Through LoLA the autograd graph holds every chunk step of every layer: SmolLM2-135M at
+    # 2,048 tokens peaked at 20 GB on CPU (4,096 ran out of 24 GB).
+    gradient_checkpointing: StrictBool = Field(
+        False, description="recompute each decoder layer in the backward pass: one layer's activations in memory instead of all, for about a third more time"
+    )
     checkpoint_every: StrictInt = Field(10, ge=1)
     seed: Seed = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -127,17 +142,35 @@ def _prepare(model: torch.nn.Module, maps_folder: str | Path, cfg: FinetuneConfi
 
     maps = read_feature_maps(maps_folder)
     check_geometry(maps, model)
-    if maps.lora is not None:
-        if not resuming:
+    start_lora = None
+    if cfg.from_lora:
+        if maps.lora is None:
+            raise ValueError(f"from_lora: {maps_folder} holds no LoRA weights to start from (a stage-2 folder has lora.safetensors)")
+        if maps.lora_spec != cfg.lora_spec():
             raise ValueError(
-                f"{maps_folder} already holds stage-2 LoRA weights and no stage-2 checkpoint; stage 2 starts from stage-1 maps (use another --out)"
+                f"from_lora: the LoRA weights in {maps_folder} are {maps.lora_spec}; this run asks for {cfg.lora_spec()} (set the same rank, alpha and targets)"
             )
-        maps = dataclasses.replace(maps, lora=None, lora_spec=None)  # the checkpoint restores every trained tensor
+        start_lora = maps.lora
+    elif maps.lora is not None and not resuming:
+        raise ValueError(
+            f"{maps_folder} already holds stage-2 LoRA weights and no stage-2 checkpoint; stage 2 starts from stage-1 maps (use another --out, or --from-lora to continue from them)"
+        )
+    maps = dataclasses.replace(maps, lora=None, lora_spec=None)  # adapters are injected below; a checkpoint restores every trained tensor
     stock = model.config._attn_implementation
-    apply_lola(model, maps.config, feature_maps=maps)
+    apply_lola(model, maps.config if cfg.lola is None else cfg.lola, feature_maps=maps)
     inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets), lora_dropout=0.0), model)
-    register_hybrid_attention()
-    model.set_attn_implementation(HYBRID_ATTENTION)
+    if start_lora is not None:
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, start_lora)
+        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if missing:
+            raise ValueError(f"from_lora: {len(missing)} LoRA tensors of {maps_folder} match no adapter of this model (e.g. {missing[0]})")
+    if cfg.lola is None:
+        register_hybrid_attention()
+        model.set_attn_implementation(HYBRID_ATTENTION)
+    # else: the "lola" attention apply_lola installed, i.e. the inference path itself (its
+    # reference engine when autograd needs gradients: lola.kernels.dispatch)
     lora, maps_params = [], []
     for name, p in model.named_parameters():
         if "lora_" in name:
@@ -149,6 +182,22 @@ def _prepare(model: torch.nn.Module, maps_folder: str | Path, cfg: FinetuneConfi
         else:
             p.requires_grad_(False)
     return stock, lora, maps_params
+
+
+def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' per-layer checkpointing (it runs only in training mode, so the model goes to
+    ``train()``: refused when that would switch on dropout)."""
+    dropout = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    if getattr(model.config, "attention_dropout", 0.0) or dropout:
+        raise ValueError(f"gradient_checkpointing runs the model in training mode, and this model has dropout ({dropout[:1] or 'attention_dropout'})")
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it")
+    kwargs = {"use_reentrant": False}  # frozen inputs: the reentrant variant would drop the grads
+    if hasattr(model, "activation_checkpointing_enable"):  # its name since transformers 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
 
 
 def _lora_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -199,9 +248,10 @@ def finetune(
     from tqdm.auto import tqdm
 
     from lola.linearize.transfer import check_positions
+    from lola.pretrained.shipped import resolve_feature_maps
 
     out = Path(out)
-    maps = out if maps is None else Path(maps)
+    maps = out if maps is None else resolve_feature_maps(maps)
     if not (Path(maps) / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"stage 2 starts from stage-1 feature maps: {maps} has no {CONFIG_FILE} (run `lola linearize --stage 1 --out {maps}` first)")
     check_positions(model, cfg.seq_len, "seq_len (--chunk-tokens)")
@@ -210,6 +260,12 @@ def finetune(
     # The text and the stage-1 maps, fingerprinted before this run writes its own maps over
     # them: a checkpoint that started from other maps (stage 1 retrained since) is refused.
     inputs = run_inputs(cfg, stage1_maps=maps, model=model)  # the teacher's weights too, before adapters go in
+    if cfg.from_lora and out.resolve() == maps.resolve():
+        raise ValueError(f"from_lora: the output folder must not be the folder it continues from ({maps}); choose another out")
+    if cfg.from_lora:  # the LoRA weights it continues from, too
+        from lola.checksums import content_digest
+
+        inputs["start"] = content_digest(maps)
     state = read_checkpoint(ckpt, cfg, geometry, "--stage2-steps", inputs) if ckpt.exists() or ckpt.is_symlink() else None
     device = resolve_device(cfg.device)
     world = init_world(device)
@@ -221,6 +277,8 @@ def finetune(
         out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     model.to(device).eval()  # no dropout in either pass
+    if cfg.gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
     maps_cfg = read_feature_maps(maps).config
 
     train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
@@ -330,6 +388,8 @@ def finetune(
         "model": model_name,
         "geometry": geometry,
         "config": cfg.model_dump(mode="json"),
+        # what the student ran: the hybrid, or LoLA with its rule decided (lola.resolve)
+        "student_config": model._lola.config.model_dump(mode="json"),
         "start_maps": str(maps),
         "inputs": inputs,  # the stage-1 maps' fingerprint outlives them here (see stage1_digest)
         "processes": world.size,

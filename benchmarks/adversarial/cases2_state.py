@@ -106,12 +106,12 @@ def _cache_fingerprint_of(cfg_b: dict):
 
     def run(ctx: Ctx):
         from lola.integrations.transformers import LoLACache, apply_lola
-        from lola.integrations.transformers.applied import weights_digest
+        from lola.checksums import weights_digest
 
         saved_cache(ctx.path("c"))
         other, _ = tiny()
         apply_lola(other, lola.LoLAConfig(**{**CACHE_CFG, **cfg_b}))
-        fingerprint = {**LoLACache(other).fingerprint, "weights": weights_digest(other)}
+        fingerprint = {**LoLACache(other).fingerprint, "weights": weights_digest(other, every_value=True)}
         edit_cache(ctx.path("c"), change_meta=lambda m: m.update(fingerprint=fingerprint))
         return continue_with(other, LoLACache.load(ctx.path("c"), other)).shape
 

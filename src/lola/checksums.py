@@ -64,25 +64,32 @@ WEIGHT_SAMPLES = 4096
 """Values of each tensor that :func:`weights_digest` hashes (evenly strided, the first included)."""
 
 
-def weights_digest(model: Any) -> str:
+def weights_digest(model: Any, every_value: bool = False) -> str:
     """A fingerprint of a loaded model's weights, whatever name or path loaded them: the sha256
-    of every tensor of its ``state_dict`` (name, shape and ``WEIGHT_SAMPLES`` evenly strided
-    values, as float64; cheap even for billions of parameters).
+    of every tensor of its ``state_dict`` (LoLA layers, trained maps and adapters included when
+    they are in the model), by name and shape and
 
-    Another model, or the same name holding other weights (a re-downloaded or fine-tuned
-    checkpoint), changes it; a resume records it (``model``) and refuses one that differs, so
-    that samples or training steps of two models never mix under one run. Taken before LoLA or
-    adapters modify the model.
+    - ``every_value=False``: ``WEIGHT_SAMPLES`` evenly strided values of each, as float64 (cheap
+      even for billions of parameters; the same weights in bfloat16 or float32, on any device,
+      have one fingerprint). Resumes record it (``model``) and refuse one that differs, so that
+      samples or training steps of two models never mix under one run; taken before LoLA or
+      adapters modify the model.
+    - ``every_value=True``: every byte, with the dtype: a saved :class:`~lola.LoLACache` is refused
+      by a model whose weights or maps differ in any value.
     """
     import torch
 
     digest = hashlib.sha256()
     with torch.no_grad():
         for name, tensor in sorted(model.state_dict().items()):
-            digest.update(f"{name}\0{tuple(tensor.shape)}\n".encode())
+            header = f"{name}\0{tuple(tensor.shape)}" + (f"\0{tensor.dtype}" if every_value else "")
+            digest.update(f"{header}\n".encode())
             if tensor.device.type == "meta" or tensor.numel() == 0:
                 continue
             flat = tensor.detach().reshape(-1)
+            if every_value:
+                digest.update(flat.to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+                continue
             step = max(1, flat.numel() // WEIGHT_SAMPLES)
             sample = flat[::step][:WEIGHT_SAMPLES].to("cpu")
             # as float64 (exact for every float and int dtype up to 2**53): the same weights loaded

@@ -455,6 +455,21 @@ def test_the_weights_fingerprint_ignores_device_and_dtype_but_not_values():
     assert weights_digest(model) != weights_digest(again)
 
 
+def test_every_value_fingerprint_sees_what_the_sample_skips():
+    """One function, two strengths: resumes sample each tensor; a saved cache hashes every byte."""
+    from lola.checksums import WEIGHT_SAMPLES, weights_digest
+    from lola.models import tiny_random
+
+    model, again = tiny_random(seed=5)[0], tiny_random(seed=5)[0]
+    name, big = max(again.state_dict().items(), key=lambda item: item[1].numel())
+    assert big.numel() > 2 * WEIGHT_SAMPLES, name
+    with torch.no_grad():
+        big.view(-1)[1] += 1  # between the first two sampled values
+    assert weights_digest(model) == weights_digest(again)
+    assert weights_digest(model, every_value=True) != weights_digest(again, every_value=True)
+    assert weights_digest(model, every_value=True) != weights_digest(model.to(torch.bfloat16), every_value=True)  # the dtype counts
+
+
 def test_a_haystack_named_by_another_path_resumes_and_other_content_does_not(tmp_path, monkeypatch):
     from lola.eval.runner import run_inputs
 

@@ -14,7 +14,7 @@ import torch
 from lola.config import LoLAConfig
 from lola.layer import LoLAAttention
 
-__all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "attention_switched", "check_attention_implementation", "config_entry", "saved_config", "weights_digest"]
+__all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "attention_switched", "check_attention_implementation", "config_entry", "saved_config"]
 
 CONFIG_KEY = "lola"
 """The attribute of a transformers config (and key of ``config.json``) that holds :func:`config_entry`."""
@@ -125,20 +125,3 @@ def attention_switched(model: torch.nn.Module, implementation: str) -> Iterator[
         if info is not None:
             info.deliberate_implementation = None
         model.set_attn_implementation(previous)
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """A blake2b digest of every parameter of ``model`` (names, dtypes, shapes and bytes).
-
-    The LoLA layers are submodules, so trained feature maps and window factors are included:
-    a saved state is refused by a model whose weights or maps differ.
-    """
-    import hashlib
-
-    digest = hashlib.blake2b(digest_size=16)
-    for name, p in sorted(model.named_parameters(), key=lambda item: item[0]):
-        t = p.detach().cpu().contiguous()
-        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        if t.numel():
-            digest.update(t.reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from lola.checksums import sha256_file
+from lola.checksums import sha256_file, weights_digest
 from lola.composer import LoLAMemory
-from lola.integrations.transformers.applied import applied, check_attention_implementation, weights_digest
+from lola.integrations.transformers.applied import applied, check_attention_implementation
 from lola.integrations.transformers.attention import announce
 from lola.limits import MAX_TOKENS
 
@@ -191,7 +191,7 @@ class LoLACache(Cache):
         weights = f"cache-{digest[:16]}.safetensors"
         meta = {
             "format": _FORMAT,
-            "fingerprint": {**self.fingerprint, "weights": weights_digest(self._model())},
+            "fingerprint": {**self.fingerprint, "weights": weights_digest(self._model(), every_value=True)},
             "cumulative_lengths": lengths,
             "tensors": weights,
             "sha256": digest,
@@ -233,7 +233,7 @@ class LoLACache(Cache):
         if meta.get("sha256") != sha256_file(weights):
             raise ValueError(f"{weights} does not match the checksum in {meta_path}: the file is damaged or was changed")
         saved = meta.get("fingerprint")
-        expected = {**cache.fingerprint, "weights": weights_digest(model)}
+        expected = {**cache.fingerprint, "weights": weights_digest(model, every_value=True)}
         if saved != expected:
             saved = saved if isinstance(saved, dict) else {}
             diff = sorted(k for k in set(expected) | set(saved) if saved.get(k) != expected.get(k))

@@ -249,6 +249,11 @@ def test_from_lora_starts_where_the_folder_ends(stage2, tmp_path):
     assert report["kl_heldout"]["before"] == pytest.approx(kl_through(stage2, THROUGH_LOLA), rel=1e-4)
     assert kl_through(tmp_path / "continued", THROUGH_LOLA) == pytest.approx(report["kl_heldout"]["after"], rel=1e-4)
     assert "start" in report["inputs"]
+    # what it started from travels with it: stage 1's report as it is, stage 2's inside its own
+    saved = json.loads((tmp_path / "continued" / FINETUNE_REPORT_FILE).read_text())
+    assert saved["continued_from"] == json.loads((stage2 / FINETUNE_REPORT_FILE).read_text())
+    assert (tmp_path / "continued" / "report.json").read_text() == (stage2 / "report.json").read_text()
+    read_feature_maps(tmp_path / "continued")  # and the folder's checksums cover them
 
 
 def test_from_lora_refusals(stage1, stage2, tmp_path):

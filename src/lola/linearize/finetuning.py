@@ -30,7 +30,7 @@ from lola.data import describe, encode, load_split, token_chunks
 from lola.demo import Seed
 from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
 from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
-from lola.pretrained.folder import CONFIG_FILE, FINETUNE_REPORT_FILE, check_geometry, model_geometry, read_feature_maps, write_feature_maps
+from lola.pretrained.folder import CONFIG_FILE, FINETUNE_REPORT_FILE, REPORT_FILE, check_geometry, model_geometry, read_feature_maps, write_feature_maps
 from lola.pretrained.lora import LoraSpec
 
 __all__ = ["FINETUNE_REPORT_FILE", "FinetuneConfig", "distillation_loss", "finetune"]
@@ -407,10 +407,18 @@ def finetune(
         "kl_heldout": {"before": kl_before, "after": kl_after},
         "train_loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None, "every_step": losses},
     }
+    reports = {FINETUNE_REPORT_FILE: report}
     if world.main:
         from lola.linearize.transfer import _versions
+        from lola.outputs import read_json
 
         report["versions"] = _versions()
+        # the reports of what this run started from travel with the maps into another folder:
+        # stage 1's as it is, a continued stage 2's inside this one
+        if maps.resolve() != out.resolve() and (maps / REPORT_FILE).is_file():
+            reports[REPORT_FILE] = read_json(maps / REPORT_FILE, "the stage-1 report")
+        if cfg.from_lora and (maps / FINETUNE_REPORT_FILE).is_file():
+            report["continued_from"] = read_json(maps / FINETUNE_REPORT_FILE, "the stage-2 report it continues")
         write_feature_maps(
             out,
             _map_tensors(model),
@@ -419,7 +427,7 @@ def finetune(
             model_name,
             lora=_lora_tensors(model),
             lora_spec=cfg.lora_spec(),
-            reports={FINETUNE_REPORT_FILE: report},
+            reports=reports,
         )
         log(
             f"held-out KL to the teacher: {kl_before if kl_before is None else f'{kl_before:.4f}'} -> "

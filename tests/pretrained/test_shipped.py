@@ -48,6 +48,15 @@ def test_a_shipped_name_loads_like_its_folder(registered, folder):
     remove_lola(model)
 
 
+def test_packed_in_float32_the_tensors_are_those_measured(folder, tmp_path):
+    shipped.pack(folder, tmp_path / "f32", dtype="float32")
+    a, b = read_feature_maps(folder), read_feature_maps(tmp_path / "f32")
+    assert a.tensors.keys() == b.tensors.keys()
+    assert all(b.tensors[k].dtype == torch.float32 and torch.equal(b.tensors[k], a.tensors[k]) for k in a.tensors)
+    with pytest.raises(ValueError, match="dtype"):
+        shipped.pack(folder, tmp_path / "f16", dtype="float16")
+
+
 def test_models_load_linearized(registered):
     model, tok = lola.models.load("tiny-random-llama", linearized=True)
     assert model._lola.feature_maps == str(registered) and model._lola.config.mixing == "lola_authors"  # LoLA: the paper's rule

@@ -251,6 +251,7 @@ def finetune(
     from lola.pretrained.shipped import resolve_feature_maps
 
     out = Path(out)
+    start_name = str(out if maps is None else maps)  # as given: a shipped name stays a name in the report
     maps = out if maps is None else resolve_feature_maps(maps)
     if not (Path(maps) / CONFIG_FILE).is_file():
         raise FileNotFoundError(f"stage 2 starts from stage-1 feature maps: {maps} has no {CONFIG_FILE} (run `lola linearize --stage 1 --out {maps}` first)")
@@ -390,7 +391,7 @@ def finetune(
         "config": cfg.model_dump(mode="json"),
         # what the student ran: the hybrid, or LoLA with its rule decided (lola.resolve)
         "student_config": model._lola.config.model_dump(mode="json"),
-        "start_maps": str(maps),
+        "start_maps": start_name,
         "inputs": inputs,  # the stage-1 maps' fingerprint outlives them here (see stage1_digest)
         "processes": world.size,
         "sequences_per_process": processed,

@@ -2,8 +2,7 @@
 
 ``apply_lola(model, cfg, feature_maps="smollm2-135m-instruct")``, ``lola niah --feature-maps
 smollm2-135m-instruct`` and ``lola.models.load("smollm2-135m-instruct", linearized=True)`` read
-the folder ``lola/pretrained/shipped/<name>/`` (written by ``lola linearize``, its tensors stored
-in bfloat16). Every file's sha256 is checked before it is read: a damaged installation is an
+the folder ``lola/pretrained/shipped/<name>/`` (written by ``lola linearize``, packed by :func:`pack`). Every file's sha256 is checked before it is read: a damaged installation is an
 error, never a silently different model.
 """
 
@@ -41,16 +40,18 @@ SHIPPED: dict[str, ShippedMaps] = {
     "smollm2-135m-instruct": ShippedMaps(
         model="smollm2-135m-instruct",
         files={
-            "feature_maps.safetensors": "dad247b2087646ffbbfa1e60002a7a046bb124046fea4faf87a4b42f5cc72af1",
-            "lora.safetensors": "fc7204638e03ce9c552e8cd3d955bafdbb0d9c93b48ce0f5a69c294030831457",
-            "lola_config.json": "cac9a9c01ea513868fa64061f78b4bd0c55c3292efa73f5decf002131c67bc7d",
+            "feature_maps.safetensors": "adbe355514ede48efe7f4f29785ec6071b07995658a37a42b555c12939b6a98d",
+            "lora.safetensors": "e883747fd9f4e9df2732de47553d5bf8804a6c71166145fcdee97e9eb8146afe",
+            "lola_config.json": "2a91fd1f97394cee0d098a6e01ec17930744bf1754a6b016a15abed3a9da5ea8",
             "report.json": "9126db6bbfd0c46557a52cf3e3b089b72af6dabba0a4c40e37bc6c90f3491a09",
-            "finetune_report.json": "f2cba62669d77ec7577f5f4ba9f86d491a8c46c263dbb742dac730f571434f53",
+            "finetune_report.json": "00359637689d2f40af46b94042ffaf8c15975d88c74a84b2522d09f17fdde1d4",
         },
         summary=(
-            "`lola linearize --model smollm2-135m-instruct --steps 150 --train-chunks 16 --checkpoint-every 10 --stage2-steps 120` "
-            "on two CPU cores (8.5 + 38.5 minutes of training): stage 1 on 32,768 tokens, stage 2 on 245,760 tokens "
-            "of the default corpus at 2,048 tokens; hedgehog_identity maps, window 64, lolcats mixing, LoRA rank 8 on q, k, v, o"
+            "LoLCATs' two stages (`lola linearize --model smollm2-135m-instruct --steps 150 --train-chunks 16 --checkpoint-every 10 --stage2-steps 120`: "
+            "stage 1 on 32,768 tokens, stage 2 on 245,760 tokens at 2,048), then 20 more stage-2 steps through LoLA as `lola niah` runs it "
+            "(`lola linearize --stage 2 --feature-maps FOLDER --from-lora --stage2-attention lola --stage2-steps 20 --warmup-steps 2 --lora-lr 5e-4 "
+            "--maps-lr 5e-4`: 40,960 tokens); two CPU cores, 8.5 + 38.5 + 46.6 minutes of training; hedgehog_identity maps, window 64, "
+            "the bare hybrid's rule lolcats, LoRA rank 8 on q, k, v, o; tensors in float32 (the weights that were measured)"
         ),
     ),
 }
@@ -85,8 +86,9 @@ def resolve_feature_maps(name_or_path: str | os.PathLike) -> Path:
     return Path(key).expanduser()
 
 
-def pack(folder: str | os.PathLike, out: str | os.PathLike) -> dict[str, str]:
-    """Copy a ``lola linearize`` folder into ``out`` as it ships: tensors in bfloat16, the
+def pack(folder: str | os.PathLike, out: str | os.PathLike, dtype: str = "bfloat16") -> dict[str, str]:
+    """Copy a ``lola linearize`` folder into ``out`` as it ships: tensors in ``dtype``
+    (``"bfloat16"``, half the bytes, or ``"float32"``, the very weights that were measured), the
     configuration and reports as they are, no checkpoints.
 
     Returns:
@@ -97,6 +99,8 @@ def pack(folder: str | os.PathLike, out: str | os.PathLike) -> dict[str, str]:
     import torch
     from safetensors.torch import load_file, save_file
 
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
     src, dst = Path(folder), Path(out)
     dst.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -104,7 +108,7 @@ def pack(folder: str | os.PathLike, out: str | os.PathLike) -> dict[str, str]:
         if not (src / name).is_file():
             continue
         if name.endswith(".safetensors"):
-            save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(src / name)).items()}, str(dst / name))
+            save_file({k: v.to(getattr(torch, dtype)).contiguous() for k, v in load_file(str(src / name)).items()}, str(dst / name))
         elif name == "lola_config.json":
             meta = json.loads((src / name).read_text())
             meta.pop("files", None)  # the tensors change dtype here; the registry's sums check the shipped files

@@ -163,9 +163,9 @@ def _prepare(model: torch.nn.Module, maps_folder: str | Path, cfg: FinetuneConfi
         from peft import set_peft_model_state_dict
 
         result = set_peft_model_state_dict(model, start_lora)
-        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-        if missing:
-            raise ValueError(f"from_lora: {len(missing)} LoRA tensors of {maps_folder} match no adapter of this model (e.g. {missing[0]})")
+        unmatched = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if unmatched:
+            raise ValueError(f"from_lora: {len(unmatched)} LoRA tensors of {maps_folder} match no adapter of this model (e.g. {unmatched[0]})")
     if cfg.lola is None:
         register_hybrid_attention()
         model.set_attn_implementation(HYBRID_ATTENTION)

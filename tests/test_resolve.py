@@ -1,6 +1,8 @@
 """The one place that decides the mixing rule: the paper's for LoLA on trained maps, the trained
 one for the hybrid, the caller's when set, softmax_only without trained maps."""
 
+import json
+
 import pytest
 
 import lola
@@ -42,3 +44,16 @@ def test_resolve_config_takes_fields_or_nothing():
     assert resolve_config({"window": 8, "sparse_size": 0}, "lolcats").mixing == "lolcats"
     with pytest.raises(TypeError, match="config must be"):
         resolve_config([("window", 8)])
+
+
+def test_resolve_config_reads_the_entry_a_saved_model_holds():
+    from lola.model_entry import config_entry
+
+    cfg = lola.LoLAConfig(window=12, sparse_size=3, sinks=1, mixing="lolcats", layer_overrides={1: {"sparse_size": 5}})
+    entry = config_entry(cfg, lora_merged=True)
+    assert resolve_config(entry) == cfg  # what vLLM finds in an exported config.json
+    assert resolve_config(json.loads(json.dumps(entry))) == cfg  # as read back from the file
+    with pytest.raises(ValueError, match="lola did not write"):
+        resolve_config({"format": "someone-else/2", "config": {}})
+    with pytest.raises(ValueError, match="lola did not write"):
+        resolve_config({"format": entry["format"], "config": "window=12"})

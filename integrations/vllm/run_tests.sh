@@ -27,8 +27,12 @@ fi
 echo "== models and lola's reference tokens"
 "$venv/bin/python" "$here/tests/make_tiny_llama.py" "$work/tiny-llama" > /dev/null
 (cd "$here/tests" && "$lola_python" reference.py "$work/tiny-llama" "$work/tiny-llama.json")
-(cd "$here/tests" && "$lola_python" export_smollm2.py "$work/smollm2" && "$lola_python" reference.py "$work/smollm2" "$work/smollm2.json" softmax_only)
-# the same tiny model configured in its config.json instead of hf_overrides (`vllm serve FOLDER`)
+# the shipped linearized SmolLM2 as `lola export` writes it for vLLM (trained maps, merged LoRA, the
+# library's default LoLA config and rule in its config.json)
+"$lola_python" -m lola.cli export --model smollm2-135m-instruct --feature-maps smollm2-135m-instruct --vllm --out "$work/smollm2-linearized" > /dev/null
+(cd "$here/tests" && "$lola_python" reference.py "$work/smollm2-linearized" "$work/smollm2-linearized.json" saved)
+# the same tiny model configured in its config.json instead of hf_overrides: served by
+# `vllm serve FOLDER` (test_server.py)
 cp -r "$work/tiny-llama" "$work/tiny-llama-configured" && cp "$work/tiny-llama.json" "$work/tiny-llama-configured.json"
 "$venv/bin/python" - "$work/tiny-llama-configured/config.json" "$here/tests" <<'PY'
 import json, sys
@@ -42,10 +46,15 @@ PY
 echo "== tests"
 cd "$here/tests"
 # one vLLM engine per process: the module runs once per (model, case)
-for run in tiny-llama:softmax_only tiny-llama:lolcats smollm2:softmax_only tiny-llama-configured:softmax_only; do
+for run in tiny-llama:softmax_only tiny-llama:lolcats smollm2-linearized:saved; do
   model="${run%%:*}" case="${run##*:}"
   echo "-- $model, $case"
   HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$work/vllm-cache" \
     LOLA_VLLM_MODEL="$work/$model" LOLA_VLLM_REFERENCE="$work/$model.json" LOLA_VLLM_CASE="$case" \
     timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_plugin.py  # an engine that dies can hang
 done
+# vLLM's OpenAI server as a real process on the configured folder (loopback only, bounded waits)
+echo "-- server: tiny-llama-configured"
+HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CACHE_ROOT="$work/vllm-cache" \
+  LOLA_VLLM_MODEL="$work/tiny-llama-configured" LOLA_VLLM_REFERENCE="$work/tiny-llama-configured.json" \
+  timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_server.py

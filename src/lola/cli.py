@@ -334,6 +334,37 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from lola.config import LoLAConfig
+    from lola.eval.runner import default_lola_config
+    from lola.integrations.transformers.export import export_pretrained, is_exported_folder
+    from lola.outputs import check_output_folder
+
+    out = check_output_folder(args.out)
+    if out.exists() and any(out.iterdir()) and not is_exported_folder(out):
+        raise ValueError(f"--out {out} holds files that lola export did not write; give an empty or new folder")
+    if args.config is not None:
+        with about("--config"):
+            config = LoLAConfig(**_read_config(args.config))
+    else:
+        config = default_lola_config(args.model, trained_maps=args.feature_maps is not None)
+    if args.feature_maps is not None:
+        from lola.pretrained.folder import read_feature_maps
+
+        with about("--feature-maps"):
+            read_feature_maps(args.feature_maps)
+    from lola import models
+
+    with about("--model"):
+        model, tok = models.load(args.model)
+    args.interrupted_hint = "the folder is written all at once at the end: nothing was written"
+    paths = export_pretrained(model, tok, out, config, feature_maps=args.feature_maps, dtype=args.dtype, vllm=args.vllm)
+    saved = json.loads((out / "config.json").read_text())["lola"]["config"]
+    print(f"lola export: {out} ({len(paths)} files; mixing {saved['mixing']}, window {saved['window']}, sinks {saved['sinks']})")
+    print(f"load it with lola.from_pretrained({str(out)!r})" + (f" or serve it with `vllm serve {out}` (lola-vllm)" if args.vllm else ""))
+    return 0
+
+
 def _read_config(path: str) -> dict:
     """Options from a JSON or YAML file (keys are NiahRun fields): :func:`lola.outputs.read_mapping`."""
     from lola.outputs import read_mapping
@@ -467,6 +498,17 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--floor", type=int, default=0, help="sparse slots every head keeps (default 0)")
     cal.add_argument("--seed", type=int, default=0)
     cal.set_defaults(func=_calibrate)
+
+    exp = sub.add_parser("export", parents=[common], help="write a model with LoLA applied as a Hugging Face folder (lola.from_pretrained; vLLM with --vllm)")
+    exp.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    exp.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder or shipped name (default: none, training-free LoLA)")
+    exp.add_argument(
+        "--config", help="a JSON or YAML file of LoLAConfig fields (default: the lola method as `lola niah` runs it, with the model's calibrated budgets)"
+    )
+    exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="dtype of the saved weights (default float32)")
+    exp.add_argument("--vllm", action="store_true", help="name the lola-vllm plug-in's architecture in config.json (`vllm serve FOLDER`)")
+    exp.add_argument("--out", required=True, help="the folder to write (replaced only if lola export wrote it)")
+    exp.set_defaults(func=_export)
 
     ppl = sub.add_parser("perplexity", parents=[common], help="held-out perplexity of full attention, the hybrid (lolcats) and LoLA")
     ppl.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")

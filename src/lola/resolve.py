@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lola.config import LoLAConfig
+from lola.model_entry import entry_config, is_entry
 
 __all__ = ["PAPER_MIXING", "default_mixing", "has_sparse_cache", "resolve_config", "resolve_mixing"]
 
@@ -64,11 +65,14 @@ def resolve_mixing(config: LoLAConfig, trained_mixing: str | None) -> LoLAConfig
 
 
 def resolve_config(config: LoLAConfig | Mapping[str, Any] | None, trained_mixing: str | None = None) -> LoLAConfig:
-    """A :class:`~lola.LoLAConfig` from a config, a mapping of its fields (e.g. the ``lola``
-    entry of a model's ``config.json``) or ``None`` (the defaults), with its mixing rule
-    resolved as everywhere else in lola."""
+    """A :class:`~lola.LoLAConfig` from a config, a mapping of its fields (e.g. vLLM's
+    ``hf_overrides={"lola": {...}}``), the ``lola`` entry that ``save_pretrained`` wrote to a
+    model's ``config.json`` (:mod:`lola.model_entry`) or ``None`` (the defaults), with its
+    mixing rule resolved as everywhere else in lola."""
     if config is None:
         config = LoLAConfig()
+    elif is_entry(config):
+        config = entry_config(config)
     elif not isinstance(config, LoLAConfig):
         if not isinstance(config, Mapping):
             raise TypeError(f"config must be a LoLAConfig, a mapping of its fields or None, got {type(config).__name__}")

@@ -272,6 +272,7 @@ BASE = {
     "niah": [*NIAH[1:], "--out", "r"],
     "perplexity": ["--model", "tiny-random-llama", "--length", "256", "--out", "p.json"],
     "calibrate": ["--model", "tiny-random-llama", "--out", "b.json"],
+    "export": ["--model", "tiny-random-llama", "--out", "e"],
     "linearize": ["--quick", "--out", "lin"],
     "demo": [],
 }

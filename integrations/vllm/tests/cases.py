@@ -7,4 +7,13 @@ MAX_TOKENS = 16
 CONFIGS = {
     "softmax_only": {"window": 32, "sparse_size": 16, "sinks": 4, "chunk": 16},
     "lolcats": {"window": 32, "sparse_size": 16, "sinks": 4, "chunk": 16, "mixing": "lolcats"},
+    # the folder's own config.json (written by `lola export`): no override
+    "saved": None,
 }
+
+
+def prompts(case: str) -> list[str]:
+    """The prompts of ``case``: a saved (exported) model is a real one with BPE tokens, so one
+    prompt is long enough (about 450 tokens) to fill window and sparse cache and fold tokens into
+    the trained linear state."""
+    return PROMPTS + [BASE * 30] if case == "saved" else PROMPTS

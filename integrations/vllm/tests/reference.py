@@ -1,4 +1,6 @@
-"""Greedy tokens of lola's own transformers path (apply_lola + LoLACache) for every case.
+"""Greedy tokens of lola's own transformers path (apply_lola + LoLACache) for every case; the
+``saved`` case loads the folder as it was exported (``lola.from_pretrained``: its own LoLA
+config, trained feature maps and merged LoRA).
 
 python reference.py MODEL_FOLDER OUT.json     # in lola's environment (transformers >= 5.24)
 """
@@ -7,21 +9,24 @@ import json
 import sys
 
 import torch
-from cases import CONFIGS, MAX_TOKENS, PROMPTS
+from cases import CONFIGS, MAX_TOKENS, prompts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lola import LoLAConfig
-from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+from lola.integrations.transformers import LoLACache, apply_lola, from_pretrained, remove_lola
 
 
 def main(folder: str, out: str, *cases: str) -> None:
     tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokens = {}
-    for name in cases or CONFIGS:
-        apply_lola(model, LoLAConfig(**CONFIGS[name]))
+    for name in cases or [c for c in CONFIGS if CONFIGS[c] is not None]:
+        if CONFIGS[name] is None:
+            model = from_pretrained(folder, dtype=torch.float32).eval()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+            apply_lola(model, LoLAConfig(**CONFIGS[name]))
         tokens[name] = []
-        for prompt in PROMPTS:
+        for prompt in prompts(name):
             ids = tok(prompt, return_tensors="pt").input_ids
             with torch.no_grad():
                 o = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, cache=LoLACache(model), eos_token_id=None, pad_token_id=0)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from cases import CONFIGS, MAX_TOKENS, PROMPTS
+from cases import CONFIGS, MAX_TOKENS, PROMPTS, prompts
 from vllm import LLM, SamplingParams
 
 MODEL = os.environ["LOLA_VLLM_MODEL"]
@@ -16,10 +16,10 @@ REFERENCE = json.load(open(os.environ["LOLA_VLLM_REFERENCE"]))
 CASE = os.environ["LOLA_VLLM_CASE"]
 
 
-def _llm(cfg: dict, **kwargs) -> LLM:
-    return LLM(
-        model=MODEL, dtype="float32", enforce_eager=True, max_model_len=1024, hf_overrides={"architectures": ["LoLALlamaForCausalLM"], "lola": cfg}, **kwargs
-    )
+def _llm(cfg: dict | None, **kwargs) -> LLM:
+    # cfg None: the folder's config.json names the architecture and holds the LoLA config
+    overrides = None if cfg is None else {"architectures": ["LoLALlamaForCausalLM"], "lola": cfg}
+    return LLM(model=MODEL, dtype="float32", enforce_eager=True, max_model_len=1024, hf_overrides=overrides, **kwargs)
 
 
 def _state_tensors(model) -> list:
@@ -48,11 +48,11 @@ def test_greedy_tokens_equal_lolas_own_transformers_path(llm):
     from lola_vllm.layer import CALLS
 
     before = dict(CALLS)
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+    outs = llm.generate(prompts(CASE), SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
     assert [list(o.outputs[0].token_ids) for o in outs] == REFERENCE[CASE]
     # LoLA served: prefills per sequence, batched decodes, every new request's slot reset
     assert CALLS["prefill_seqs"] > before["prefill_seqs"] and CALLS["decode_rows"] > before["decode_rows"]
-    assert CALLS["resets"] - before["resets"] >= len(PROMPTS)
+    assert CALLS["resets"] - before["resets"] >= len(prompts(CASE))
 
 
 def test_the_state_of_a_sequence_does_not_grow(llm):
@@ -72,9 +72,32 @@ def test_the_state_page_is_lolas_state_for_one_row(llm):
             if hasattr(m, "get_state_shape")
         ]
 
+    from lola.resolve import resolve_config
+
     config = json.load(open(os.path.join(MODEL, "config.json")))
     h, hkv, layers = config["num_attention_heads"], config["num_key_value_heads"], config["num_hidden_layers"]
     d = config["hidden_size"] // h
-    attn = lola.compose(lola.LoLAConfig(**CONFIGS[CASE]), num_heads=h, head_dim=d, num_kv_heads=hkv)
-    _, state = attn(torch.randn(1, 3, h, d), torch.randn(1, 3, hkv, d), torch.randn(1, 3, hkv, d))
-    assert llm.apply_model(page_bytes) == [[state.nbytes() - 8] * layers]  # all but the row's token count, per layer
+    cfg = resolve_config(config["lola"] if CONFIGS[CASE] is None else CONFIGS[CASE])
+    expected = []
+    for layer in range(layers):  # per-layer sizes (calibrated budgets) give pages of their own size
+        attn = lola.compose(cfg.for_layer(layer), num_heads=h, head_dim=d, num_kv_heads=hkv, layer=layer)
+        _, state = attn(torch.randn(1, 3, h, d), torch.randn(1, 3, hkv, d), torch.randn(1, 3, hkv, d))
+        expected.append(state.nbytes() - 8)  # all but the row's token count
+    assert llm.apply_model(page_bytes) == [expected]
+
+
+@pytest.mark.skipif(CONFIGS[CASE] is not None, reason="the saved case: a folder with trained LoLA weights")
+def test_the_trained_lola_weights_of_the_folder_are_the_ones_served(llm):
+    from safetensors import safe_open
+
+    def lola_parameters(model):
+        return {n: p.detach().float().clone() for n, p in model.named_parameters() if ".lola." in n}
+
+    served = llm.apply_model(lola_parameters)[0]
+    saved = {}
+    for name in sorted(os.listdir(MODEL)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(MODEL, name), framework="pt") as f:
+                saved.update({k: f.get_tensor(k).float() for k in f.keys() if ".lola." in k})
+    assert saved and served.keys() == saved.keys()  # feature maps and window factors of every layer, by name
+    assert all(torch.equal(served[k], saved[k]) for k in saved)

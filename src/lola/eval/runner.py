@@ -221,12 +221,13 @@ def _with_budgets(cfg: LoLAConfig, budgets: str | None, model: str) -> LoLAConfi
     return head_budgets.load(budgets).apply(cfg)
 
 
-def default_lola_config(model: str) -> LoLAConfig:
-    """The ``lola`` method as ``lola niah --feature-maps …`` runs it by default for ``model``:
-    :class:`NiahRun`'s window, sparse cache, sinks and chunk, the model's shipped budgets if it
-    has any (``budgets="auto"``), the rule left for :mod:`lola.resolve` (the paper's)."""
+def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
+    """The ``lola`` method as ``lola niah`` runs it by default for ``model``: :class:`NiahRun`'s
+    window, sparse cache, sinks and chunk, the model's shipped budgets if it has any
+    (``budgets="auto"``); with ``trained_maps`` (``--feature-maps``) the rule is left for
+    :mod:`lola.resolve` (the paper's), without them it is ``softmax_only``."""
     d = {name: field.default for name, field in NiahRun.model_fields.items()}
-    cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=True)
+    cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
     return _with_budgets(cfg, d["budgets"], model)
 
 

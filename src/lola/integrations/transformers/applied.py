@@ -13,12 +13,9 @@ import torch
 
 from lola.config import LoLAConfig
 from lola.layer import LoLAAttention
+from lola.model_entry import CONFIG_KEY, config_entry, entry_config
 
 __all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "attention_switched", "check_attention_implementation", "config_entry", "saved_config"]
-
-CONFIG_KEY = "lola"
-"""The attribute of a transformers config (and key of ``config.json``) that holds :func:`config_entry`."""
-_FORMAT = "lola-pretrained/1"
 
 
 @dataclass
@@ -52,22 +49,14 @@ class AppliedLoLA:
     deliberate_implementation: str | None = None
 
 
-def config_entry(config: LoLAConfig, lora_merged: bool) -> dict:
-    """What :func:`apply_lola` stores in ``model.config.lola`` (JSON-ready)."""
-    return {"format": _FORMAT, "config": config.model_dump(mode="json"), "lora_merged": bool(lora_merged)}
-
-
 def saved_config(model_config: Any) -> LoLAConfig | None:
     """The :class:`~lola.LoLAConfig` recorded in a transformers config, or ``None``.
 
-    Raises ``ValueError`` if the ``lola`` entry is present but not one this version wrote.
+    Raises ``ValueError`` if the ``lola`` entry is present but not one this version wrote
+    (:func:`lola.model_entry.entry_config`).
     """
     entry = getattr(model_config, CONFIG_KEY, None)
-    if entry is None:
-        return None
-    if not isinstance(entry, dict) or entry.get("format") != _FORMAT or not isinstance(entry.get("config"), dict):
-        raise ValueError(f"config.json has a 'lola' entry that lola did not write (expected format {_FORMAT!r})")
-    return LoLAConfig.model_validate(entry["config"])
+    return None if entry is None else entry_config(entry)
 
 
 def applied(model: torch.nn.Module, needed_by: str | None = None) -> AppliedLoLA | None:

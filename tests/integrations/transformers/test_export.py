@@ -1,0 +1,85 @@
+"""lola.integrations.transformers.export: a model with LoLA applied written as a Hugging Face
+folder (``lola export``) loads back as the very model lola runs."""
+
+import json
+
+import pytest
+import torch
+
+import lola
+from lola.checksums import weights_digest
+from lola.cli import main
+from lola.integrations.transformers import apply_lola, from_pretrained, remove_lola
+from lola.integrations.transformers.export import VLLM_ARCHITECTURE, export_pretrained, is_exported_folder
+from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
+from lola.models import tiny_random
+
+CFG = lola.LoLAConfig(window=8, sparse_size=6, sinks=2, chunk=4)
+
+
+@pytest.fixture(scope="module")
+def stage2(tmp_path_factory):
+    """A tiny linearized model: trained feature maps and window factors, and LoRA adapters."""
+    out = tmp_path_factory.mktemp("maps")
+    model, tok = tiny_random()
+    quiet = dict(progress=False, log=lambda s: None)
+    linearize(model, tok, LinearizeConfig(steps=2, chunk_tokens=64, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"]), out, **quiet)
+    finetune(model, tok, FinetuneConfig(steps=2, seq_len=64, eval_chunks=1, warmup_steps=0, lr=3e-2, text=["pydoc"]), out, **quiet)
+    return out
+
+
+def test_the_exported_folder_is_the_model_lola_runs(stage2, tmp_path):
+    model, tok = tiny_random()
+    before = weights_digest(model, every_value=True)
+    export_pretrained(model, tok, tmp_path / "out", CFG, feature_maps=stage2, vllm=True)
+    assert weights_digest(model, every_value=True) == before and getattr(model, "_lola", None) is None  # the caller's model is untouched
+
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["architectures"] == [VLLM_ARCHITECTURE]
+    assert saved["lola"]["lora_merged"] is True
+    assert saved["lola"]["config"]["mixing"] == "lola_authors"  # the rule lola.resolve gives LoLA on trained maps, recorded
+    assert is_exported_folder(tmp_path / "out")
+
+    reference = apply_lola(tiny_random()[0], CFG, feature_maps=stage2)
+    loaded = from_pretrained(tmp_path / "out")
+    assert loaded._lola.config == reference._lola.config
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, reference(ids).logits)
+    remove_lola(reference)
+
+
+def test_bfloat16_weights_are_cast_after_the_merge(stage2, tmp_path):
+    model, tok = tiny_random()
+    export_pretrained(model, tok, tmp_path / "bf16", CFG, feature_maps=stage2, dtype="bfloat16")
+    loaded = from_pretrained(tmp_path / "bf16", dtype=torch.float32)
+    merged = apply_lola(tiny_random()[0], CFG, feature_maps=stage2)
+    want = merged.model.layers[0].self_attn.q_proj.weight.to(torch.bfloat16).float()  # merged in float32, then cast
+    assert torch.equal(loaded.model.layers[0].self_attn.q_proj.weight, want)
+
+
+def test_refusals_name_what_is_wrong(tmp_path):
+    model, tok = tiny_random()
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        export_pretrained(model, tok, tmp_path / "a", CFG, dtype="int8")
+    with pytest.raises(ValueError, match="give it the stock model"):
+        export_pretrained(apply_lola(tiny_random()[0], CFG), tok, tmp_path / "b", CFG)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="was not written by lola export"):
+        export_pretrained(model, tok, foreign, CFG)
+    assert (foreign / "config.json").read_text() == "{}"  # nothing replaced
+
+
+def test_the_command_writes_a_folder_and_replaces_only_its_own(tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert main(["export", "--model", "tiny-random-llama", "--out", str(out)]) == 0
+    assert "mixing softmax_only" in capsys.readouterr().out  # training-free: no trained maps, the exact tokens alone
+    first = (out / "model.safetensors").read_bytes()
+    assert main(["export", "--model", "tiny-random-llama", "--dtype", "bfloat16", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").read_bytes() != first and from_pretrained(out)._lola.config.window == 60
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert main(["export", "--model", "tiny-random-llama", "--out", str(tmp_path / "other")]) == 2
+    assert "--out" in capsys.readouterr().err and (tmp_path / "other" / "notes.txt").read_text() == "mine"

@@ -37,6 +37,7 @@ def llm():
     [
         ({"enable_prefix_caching": True}, "enable_prefix_caching=False"),
         ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}}, "speculative decoding is not supported"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size=1"),
     ],
 )
 def test_unsupported_features_are_refused_with_a_message(kwargs, match):
@@ -50,8 +51,10 @@ def test_greedy_tokens_equal_lolas_own_transformers_path(llm):
     before = dict(CALLS)
     outs = llm.generate(prompts(CASE), SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
     assert [list(o.outputs[0].token_ids) for o in outs] == REFERENCE[CASE]
-    # LoLA served: prefills per sequence, batched decodes, every new request's slot reset
+    # LoLA served: prefills and decodes batched (two slots: the first two prompts prefill together),
+    # every new request's slot reset
     assert CALLS["prefill_seqs"] > before["prefill_seqs"] and CALLS["decode_rows"] > before["decode_rows"]
+    assert CALLS["prefill_batches"] - before["prefill_batches"] < CALLS["prefill_seqs"] - before["prefill_seqs"]
     assert CALLS["resets"] - before["resets"] >= len(prompts(CASE))
 
 

@@ -23,7 +23,7 @@ from lola.layer import compose
 from lola.resolve import resolve_config
 
 #: What the layers of this process ran (tests read it to see that LoLA, not a fallback, served).
-CALLS = {"decode_rows": 0, "prefill_seqs": 0, "resets": 0}
+CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0}
 
 
 class LoLALlamaAttention(nn.Module, MambaBase):
@@ -129,13 +129,27 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             o, mem = self.lola(q[:ndt].view(nd, 1, H, D), k[:ndt].view(nd, 1, Hk, D), v[:ndt].view(nd, 1, Hk, D), state=mem)
             out[:ndt] = o.reshape(ndt, H * D)
             self._store(slots[:nd], mem)
-        for i in range(nd, nd + md.num_prefills):
-            CALLS["prefill_seqs"] += 1
-            s, e = int(qsl[i]), int(qsl[i + 1])
-            mem = self._load(slots[i : i + 1], seen[i : i + 1])
-            o, mem = self.lola(q[s:e].view(1, e - s, H, D), k[s:e].view(1, e - s, Hk, D), v[s:e].view(1, e - s, Hk, D), state=mem)
-            out[s:e] = o.reshape(e - s, H * D)
-            self._store(slots[i : i + 1], mem)
+        if md.num_prefills:
+            self._prefill(q, k, v, out, qsl[nd : nd + md.num_prefills + 1], seen[nd:], slots[nd:])
+
+    def _prefill(self, q, k, v, out, bounds, seen, slots) -> None:
+        """Every prefilling sequence in one call: rows right-padded to the longest, the padding
+        masked (rows are independent sequences; the engine packs each row's real tokens)."""
+        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
+        spans = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        n, longest = len(spans), max(e - s for s, e in spans)
+        CALLS["prefill_seqs"] += n
+        CALLS["prefill_batches"] += 1
+        qp, kp, vp = q.new_zeros(n, longest, H, D), k.new_zeros(n, longest, Hk, D), v.new_zeros(n, longest, Hk, D)
+        real = torch.zeros(n, longest, dtype=torch.bool, device=q.device)
+        for row, (s, e) in enumerate(spans):
+            qp[row, : e - s], kp[row, : e - s], vp[row, : e - s] = q[s:e].view(-1, H, D), k[s:e].view(-1, Hk, D), v[s:e].view(-1, Hk, D)
+            real[row, : e - s] = True
+        mem = self._load(slots[:n], seen[:n])
+        o, mem = self.lola(qp, kp, vp, state=mem, padding_mask=None if n == 1 else real)
+        for row, (s, e) in enumerate(spans):
+            out[s:e] = o[row, : e - s].reshape(e - s, H * D)
+        self._store(slots[:n], mem)
 
 
 def lola_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:

@@ -18,6 +18,12 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
         cache = vllm_config.cache_config
         if vllm_config.speculative_config is not None:
             raise ValueError("LoLA layers keep constant-size state that cannot be rolled back: speculative decoding is not supported")
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        if tp > 1:
+            raise ValueError(
+                f"LoLA layers do not split their heads across ranks yet: run with tensor_parallel_size=1 (got {tp}); "
+                "for more throughput run several engines (data parallel), each with its own state pages"
+            )
         if cache.enable_prefix_caching:
             raise ValueError("LoLA layers keep constant-size state that cannot be restored at a cached prefix: run with enable_prefix_caching=False")
         cache.mamba_cache_mode = "none"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # lola-vllm's tests, in a virtual environment of their own with vLLM's CPU build:
 #   bash integrations/vllm/run_tests.sh          (from lola's environment: its python makes the reference)
+#   bash integrations/vllm/run_tests.sh --setup  (only create the vLLM environment; .ci/run does this
+#                                                 in the background while lola's own steps run)
 # LOLA_VLLM_VENV: where the vLLM environment lives (default .venv-vllm in the repository; reused).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -19,6 +21,7 @@ if [ ! -x "$venv/bin/python" ]; then
   # every transformers model import (torchvision::nms). vLLM's text models do not need them.
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
 fi
+[ "${1:-}" = "--setup" ] && exit 0
 # lola without its dependencies: vLLM keeps the transformers it pins (lola's core needs none).
 "$venv/bin/pip" install -q --no-deps -e "$repo"
 "$venv/bin/pip" install -q --no-deps -e "$here"

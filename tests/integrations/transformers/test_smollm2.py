@@ -26,10 +26,12 @@ def answers(model, tok, samples, cache_factory):
     return out
 
 
-def test_training_free_lola_answers_passkeys_at_2k(smollm2):
+def test_training_free_lola_answers_passkeys_at_1k(smollm2):
+    # 1K (the README's `lola niah` runs 1K and 2K in CI): the needle lies 200-800 tokens back,
+    # far outside the 128-token window
     model, tok = smollm2
-    samples = [make_niah_sample(tok, 2048, d, seed=i) for i, d in enumerate(DEPTHS)]
-    assert all(1900 < s.length <= 2048 for s in samples)
+    samples = [make_niah_sample(tok, 1024, d, seed=i) for i, d in enumerate(DEPTHS)]
+    assert all(900 < s.length <= 1024 for s in samples)
     full = answers(model, tok, samples, lambda: None)
     assert sum(full) >= 3, f"full attention answered only {sum(full)}/4: the prompts are broken"
     budget = dict(sinks=4, window=64, chunk=64)

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from lola.core.checks import require
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
 from lola.memory.base import KVBlock, LinearMemory, QueryBlock, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
@@ -724,11 +725,8 @@ def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> 
     from lola.policies.registry import describe
 
     bad = torch.isnan(scores) & valid
-    if scores.device.type == "cpu":
-        if bool(bad.any()):
-            raise ValueError(f"policy {describe(policy)} returned NaN scores for {int(bad.sum())} candidates")
-    else:
-        torch._assert_async(~bad.any(), f"policy {describe(policy)} returned NaN scores")
+    if not require(~bad.any(), f"policy {describe(policy)} returned NaN scores"):
+        raise ValueError(f"policy {describe(policy)} returned NaN scores for {int(bad.sum())} candidates")
 
 
 def _layout_of(state: dict[str, torch.Tensor], linear: str, window: str) -> StateLayout | None:

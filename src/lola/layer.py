@@ -13,6 +13,7 @@ from torch import nn
 
 from lola.composer import LoLAMemory, StateLayout
 from lola.config import LoLAConfig
+from lola.core.checks import require
 from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix
 from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
@@ -206,9 +207,10 @@ class LoLAAttention(nn.Module):
             raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if not (q.device == k.device == v.device):
             raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-        # One device read: a float64 sum of finite fp32/fp16/bf16 values cannot overflow, so it
-        # is finite iff every value is.
-        if not bool(torch.isfinite(q.sum(dtype=torch.float64) + k.sum(dtype=torch.float64) + v.sum(dtype=torch.float64))):
+        # One check: a float64 sum of finite fp32/fp16/bf16 values cannot overflow, so it is
+        # finite iff every value is (on an accelerator an asynchronous assert: no stall per token).
+        total = q.sum(dtype=torch.float64) + k.sum(dtype=torch.float64) + v.sum(dtype=torch.float64)
+        if not require(torch.isfinite(total), "q, k or v contains non-finite values (inf or NaN)"):
             for name, x in (("q", q), ("k", k), ("v", v)):
                 if not bool(torch.isfinite(x).all()):
                     raise ValueError(f"{name} contains non-finite values (inf or NaN)")

@@ -337,12 +337,9 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from lola.config import LoLAConfig
     from lola.eval.runner import default_lola_config
-    from lola.integrations.transformers.export import export_pretrained, is_exported_folder
-    from lola.outputs import check_output_folder
+    from lola.integrations.transformers.export import check_export_folder, export_pretrained
 
-    out = check_output_folder(args.out)
-    if out.exists() and any(out.iterdir()) and not is_exported_folder(out):
-        raise ValueError(f"--out {out} holds files that lola export did not write; give an empty or new folder")
+    out = check_export_folder(args.out, "--out")  # before the model is loaded
     if args.config is not None:
         with about("--config"):
             config = LoLAConfig(**_read_config(args.config))

@@ -67,7 +67,7 @@ def test_refusals_name_what_is_wrong(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="was not written by lola export"):
+    with pytest.raises(ValueError, match="lola export did not write"):
         export_pretrained(model, tok, foreign, CFG)
     assert (foreign / "config.json").read_text() == "{}"  # nothing replaced
 

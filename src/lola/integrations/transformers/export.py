@@ -23,7 +23,7 @@ import torch
 from lola.config import LoLAConfig
 from lola.model_entry import CONFIG_KEY, ENTRY_FORMAT
 
-__all__ = ["VLLM_ARCHITECTURE", "export_pretrained", "is_exported_folder"]
+__all__ = ["VLLM_ARCHITECTURE", "check_export_folder", "export_pretrained", "is_exported_folder"]
 
 VLLM_ARCHITECTURE = "LoLALlamaForCausalLM"
 """The architecture the ``lola-vllm`` plug-in registers (``config.json``'s ``architectures``)."""
@@ -40,6 +40,22 @@ def is_exported_folder(folder: str | os.PathLike) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(entry, dict) and entry.get("format") == ENTRY_FORMAT
+
+
+def check_export_folder(out: str | os.PathLike, option: str = "out") -> Path:
+    """Refuse an output folder an export may not write: one that cannot be written, or that
+    holds files and was not written by an export (:func:`is_exported_folder`). Nothing is
+    created. Returns the folder as a path.
+
+    Raises:
+        ValueError: naming ``option`` and the folder.
+    """
+    from lola.outputs import check_output_folder
+
+    folder = check_output_folder(out, option)
+    if folder.is_dir() and any(folder.iterdir()) and not is_exported_folder(folder):
+        raise ValueError(f"{option} {folder} holds files that lola export did not write; give an empty or new folder")
+    return folder
 
 
 def export_pretrained(
@@ -62,8 +78,8 @@ def export_pretrained(
     Args:
         model: a stock transformers causal LM (LoLA not applied).
         tokenizer: saved beside the weights when it has ``save_pretrained``, else left out.
-        out: the folder to write; an existing folder is replaced only if an export wrote it
-            (:func:`is_exported_folder`), an existing file of another program is refused.
+        out: the folder to write: new, empty, or written by an export
+            (:func:`check_export_folder`); the files of an earlier export are replaced.
         config: the LoLA config (default :class:`~lola.LoLAConfig`'s); an unset mixing rule is
             decided by :mod:`lola.resolve`, and the rule that will run is what is saved.
         feature_maps: a ``lola linearize`` folder or shipped name (see :func:`apply_lola`).
@@ -82,13 +98,13 @@ def export_pretrained(
 
     from lola.integrations.transformers.applied import applied
     from lola.integrations.transformers.apply import apply_lola
-    from lola.outputs import check_output_folder, write_files
+    from lola.outputs import write_files
 
     if applied(model) is not None:
         raise ValueError("export_pretrained applies LoLA itself: give it the stock model (call lola.remove_lola(model) first)")
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-    out = check_output_folder(out)
+    out = check_export_folder(out)
     fields = model.config.to_dict()
     fields.pop("quantization_config", None)  # dequantised weights are saved as plain tensors
     weights = model.state_dict()
@@ -96,7 +112,6 @@ def export_pretrained(
     plain.load_state_dict(weights)
     apply_lola(plain, config if config is not None else LoLAConfig(), feature_maps=feature_maps)
     plain.to(_DTYPES[dtype])
-    ours = is_exported_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".lola-export-", dir=out) as tmp:
         plain.save_pretrained(tmp, safe_serialization=True)
@@ -108,4 +123,4 @@ def export_pretrained(
         names = sorted(p.name for p in Path(tmp).iterdir() if p.is_file())
         names.sort(key=lambda name: name == "config.json")  # the file that makes the folder a model: last
         files = {name: (lambda dst, src=Path(tmp) / name: shutil.copyfile(src, dst)) for name in names}
-        return write_files(out, files, ours=lambda path: ours, writer="lola export")
+        return write_files(out, files, writer="lola export")  # the folder as a whole was checked above

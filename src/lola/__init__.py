@@ -14,7 +14,7 @@ On a transformers model::
         out = model.generate(ids)       # a LoLACache is built automatically
 """
 
-from lola import budgets, memory, models, policies, schedules
+from lola import budgets, memory, models, policies, schedules, scorers
 from lola.composer import LoLAMemory
 from lola.config import LoLAConfig
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial
@@ -37,6 +37,7 @@ __all__ = [
     "models",
     "policies",
     "schedules",
+    "scorers",
     "apply_lola",
     "remove_lola",
     "patch",

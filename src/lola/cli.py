@@ -334,6 +334,45 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_scorer(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from lola.scorers.fit import FitSpec, fit_scorer, format_report
+
+    try:  # the options are FitSpec's fields by name; one left unset takes the spec's default
+        spec = FitSpec(**{name: getattr(args, name) for name in FitSpec.model_fields if getattr(args, name) is not None})
+    except ValidationError as err:
+        raise ValueError(describe_validation(err, option_name)) from None
+    from lola import models
+    from lola.outputs import check_output_file
+    from lola.scorers import is_scorer_file
+
+    out = check_output_file(args.out, ours=is_scorer_file, writer="lola fit-scorer")
+    from lola.corpora import CORPORA
+
+    for source in spec.text:  # before the model loads
+        if source not in CORPORA and not Path(source).expanduser().exists():
+            raise ValueError(f"--text {source!r} is neither a file, a folder, nor a registered corpus ({', '.join(sorted(CORPORA))})")
+    maps = None
+    if args.feature_maps is not None:
+        from lola.pretrained.folder import read_feature_maps
+
+        with about("--feature-maps"):
+            maps = read_feature_maps(args.feature_maps)
+    with about("--model"):
+        model, tok = models.load(args.model)
+    if maps is not None and maps.lora is not None:
+        from lola.pretrained.lora import merge_lora
+
+        merge_lora(model, maps.lora, maps.lora_spec)  # the projections the linearized model attends with
+    args.interrupted_hint = f"the statistics so far are in {out}.partial: the same command resumes"
+    command = "lola fit-scorer " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["fit-scorer"] else ""
+    scorer = fit_scorer(model, tok, spec, out, command=command)
+    print(format_report(scorer.info["report"]))
+    print(f"\nscorer: {out} (use with `lola niah --policies learned` variants: policy_kwargs {{scorer: {out}}})")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from lola.config import LoLAConfig
     from lola.eval.runner import default_lola_config
@@ -495,6 +534,31 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--floor", type=int, default=0, help="sparse slots every head keeps (default 0)")
     cal.add_argument("--seed", type=int, default=0)
     cal.set_defaults(func=_calibrate)
+
+    fit = sub.add_parser("fit-scorer", parents=[common], help="fit a learned token scorer (the `learned` policy) to a model's attention on text")
+    fit.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    fit.add_argument(
+        "--feature-maps", dest="feature_maps", help="a `lola linearize` folder or shipped name: fit to the attention of the model with its LoRA merged"
+    )
+    fit.add_argument("--out", required=True, help="scorer file to write (.safetensors); OUT.partial holds the progress, and the same command resumes from it")
+    fit.add_argument(
+        "--target",
+        choices=["future", "kvzip"],
+        default="future",
+        help="future: attention from queries beyond --min-distance; kvzip: attention while the model repeats the text (default future)",
+    )
+    fit.add_argument("--text", nargs="+", default=None, help="corpora or text files to fit on (default: the registered book corpora, without pydoc)")
+    fit.add_argument("--length", type=int, default=2048, help="tokens per chunk (default 2048)")
+    fit.add_argument("--documents", type=int, default=32, help="training chunks (default 32)")
+    fit.add_argument("--heldout", type=int, default=8, help="held-out chunks for the report (default 8)")
+    fit.add_argument(
+        "--min-distance", dest="min_distance", type=int, default=64, help="future target: queries at least this far after the key (default 64, the window)"
+    )
+    fit.add_argument(
+        "--min-future", dest="min_future", type=int, default=256, help="future target: fit keys with at least this many such queries (default 256)"
+    )
+    fit.add_argument("--ridge", type=float, default=1e-3, help="ridge penalty, relative to each feature's energy (default 1e-3)")
+    fit.set_defaults(func=_fit_scorer)
 
     exp = sub.add_parser("export", parents=[common], help="write a model with LoLA applied as a Hugging Face folder (lola.from_pretrained; vLLM with --vllm)")
     exp.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")

@@ -187,3 +187,18 @@ def test_auto_budgets_are_the_models_shipped_ones():
     assert other.layer_overrides == {} and other.sparse_size == 192
     uniform = method_configs(NiahRun(methods=["lola"], budgets="uniform"))["lola-sre"]
     assert uniform.layer_overrides == {}
+
+
+def test_the_learned_policy_gets_the_models_shipped_scorer(monkeypatch):
+    from lola import scorers
+
+    monkeypatch.setitem(scorers.SHIPPED, "some/model", "0" * 64)
+    monkeypatch.setitem(scorers.SHIPPED, "some-maps-linearized", "0" * 64)
+    monkeypatch.setattr(scorers, "load", lambda name: scorers.TokenScorer(torch.zeros(1, 1, 3)))  # the files do not exist
+    run = NiahRun(model="some/model", methods=["lola"], policies=["learned"], budgets="uniform")
+    assert method_configs(run)["lola-learned"].policy_kwargs == {"scorer": "some/model"}
+    # with shipped feature maps that have a scorer of their own, that one
+    assert scorers.default_scorer("some/model", "some-maps") == "some-maps-linearized"
+    assert scorers.default_scorer("some/model", "a-folder") == "some/model"
+    with pytest.raises(ValueError, match="no scorer ships for model 'other/model'"):
+        method_configs(NiahRun(model="other/model", methods=["lola"], policies=["learned"], budgets="uniform"))

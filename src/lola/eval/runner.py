@@ -272,6 +272,16 @@ def run_inputs(run: NiahRun, model: Any = None) -> dict[str, str]:
     return inputs
 
 
+def _policy_defaults(policy: str, run: NiahRun) -> dict[str, Any]:
+    """Options a policy named in ``policies`` needs from the run: the ``learned`` policy gets the
+    shipped scorer of the model (:func:`lola.scorers.default_scorer`)."""
+    if policy != "learned":
+        return {}
+    from lola.scorers import default_scorer
+
+    return {"policy_kwargs": {"scorer": default_scorer(run.model, run.feature_maps)}}
+
+
 def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods, built by
     :func:`lola.methods.method_config`; ``lola`` is run once per policy (``lola-<policy>``) and
@@ -287,7 +297,8 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             out[method] = method_config(method, **settings, overrides=common)
             continue
         for policy in run.policies:
-            out[f"lola-{policy}"] = _with_budgets(method_config("lola", policy=policy, **settings, overrides=common), run.budgets, run.model)
+            overrides = {**common, **_policy_defaults(policy, run)}
+            out[f"lola-{policy}"] = _with_budgets(method_config("lola", policy=policy, **settings, overrides=overrides), run.budgets, run.model)
         for name, fields in run.variants.items():
             fields = dict(fields)
             budgets = fields.pop("budgets", None)

@@ -1,13 +1,15 @@
 """Scoring policies: which tokens stay exact in the sparse cache.
 
 Built-ins are registered as ``"sre"``, ``"attention"``, ``"recency"``, ``"random"``,
-``"key_norm"``, ``"expected_attention"`` and ``"key_diff"``; the combinators ``"fusion"``,
+``"key_norm"``, ``"expected_attention"``, ``"key_diff"`` and ``"learned"`` (a fitted
+:class:`lola.scorers.TokenScorer`); the combinators ``"fusion"``,
 ``"value_weighted"`` and ``"span"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
 """
 
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.policies.builtin import AttentionMagnitude, KeyNorm, Random, Recency, SelfRecallError
 from lola.policies.combinators import Fusion, SpanPooling, ValueWeighted, zscore
+from lola.policies.learned import LearnedScore
 from lola.policies.predictive import ExpectedAttention, KeyDiff, average_rope_rotation
 from lola.policies.registry import ENTRY_POINT_GROUP, available, build, get, register, reload_entry_points, unregister
 
@@ -18,6 +20,7 @@ register("random", Random)
 register("key_norm", KeyNorm)
 register("expected_attention", ExpectedAttention)
 register("key_diff", KeyDiff)
+register("learned", LearnedScore)
 register("fusion", Fusion)
 register("value_weighted", ValueWeighted)
 register("span", SpanPooling)
@@ -29,6 +32,7 @@ __all__ = [
     "Fusion",
     "KeyDiff",
     "KeyNorm",
+    "LearnedScore",
     "Random",
     "Recency",
     "ScoringContext",

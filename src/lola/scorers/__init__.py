@@ -52,7 +52,8 @@ def unrotate_keys(k: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) ->
         ``[..., N, D]`` float32 ``R(−pos)·k``.
     """
     angle = pos.float()[..., None] * inv_freq.float()  # [..., N, D/2], as transformers computes it
-    cos, sin = angle.cos().repeat(*([1] * (angle.dim() - 1)), 2), angle.sin().repeat(*([1] * (angle.dim() - 1)), 2)
+    angle = torch.cat([angle, angle], dim=-1)  # dimension i pairs with i + D/2
+    cos, sin = angle.cos(), angle.sin()
     k = k.float()
     half = k.shape[-1] // 2
     rotated_half = torch.cat([-k[..., half:], k[..., :half]], dim=-1)

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import lola
@@ -219,19 +219,29 @@ def test_gradients_through_the_engine_are_those_of_its_outputs(seed, mixing, spa
             for p, value in zip(attn.parameters(), params):
                 p.copy_(value)
         with torch.set_grad_enabled(grad):
-            return (attn(qq, kk, vv)[0] * weights).sum()
+            y, state = attn(qq, kk, vv)
+            held = torch.cat([m.block.pos.flatten() for m in state.exact_memories if m.capacity])
+            return (y * weights).sum(), held.sort().values
 
     leaves = [x.detach().clone().requires_grad_(True) for x in xs[:3]]
     start = [x.detach().clone() for x in xs]
-    out = loss(leaves + start[3:], True)
+    out, _ = loss(leaves + start[3:], True)
     for p in attn.parameters():
         p.grad = None
     out.backward()
     grads = [x.grad for x in leaves] + [p.grad for p in attn.parameters()]
     analytic = sum(float((g * d).sum()) for g, d in zip(grads, direction) if g is not None)
     eps = 1e-3
-    plus = loss([x + eps * d for x, d in zip(start, direction)], False)
-    minus = loss([x - eps * d for x, d in zip(start, direction)], False)
+    plus, kept_plus = loss([x + eps * d for x, d in zip(start, direction)], False)
+    minus, kept_minus = loss([x - eps * d for x, d in zip(start, direction)], False)
+    # A near-tie of scores can flip a selection within ±eps: the outputs then jump, and no
+    # derivative describes them (the selection is piecewise constant, not differentiable).
+    assume(torch.equal(kept_plus, kept_minus))
+    # A near-tie of the largest logits (the lolcats rules read the exact part relative to its
+    # max) puts a kink within ±eps: the one-sided differences then disagree.
+    centre = float(out.detach())
+    left, right = (centre - float(minus)) / eps, (float(plus) - centre) / eps
+    assume(abs(left - right) <= 1e-2 * max(1.0, abs(left), abs(right)))
     numeric = float(plus - minus) / (2 * eps)
     assert analytic == pytest.approx(numeric, rel=2e-3, abs=2e-3)
 
@@ -260,7 +270,9 @@ def test_per_head_sizes_must_match_the_storage_heads():
 
 def test_per_head_sparse_sizes_with_gqa_resume_exactly():
     # Ragged sparse storage (a streaming head with no sparse slots) survives save, load and
-    # split-and-resume bit for bit, and a GQA group reads its own head's slots.
+    # split-and-resume: the state bit for bit, the outputs to rounding (the query a step falls
+    # on is read with the next block's queries, or alone when the call ends on it: the
+    # matmuls' shapes differ), and a GQA group reads its own head's slots.
     cfg = lola.LoLAConfig(window=3, sparse_size_per_head=[5, 0], sinks=1, chunk=4)
     attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
     q, k, v = inputs(b=2, t=33, h=4, h_kv=2)
@@ -269,7 +281,7 @@ def test_per_head_sparse_sizes_with_gqa_resume_exactly():
     resumed = attn.new_state()
     resumed.load_state_dict(part.state_dict())
     o2, resumed = attn(q[:, 20:], k[:, 20:], v[:, 20:], state=resumed)
-    assert torch.equal(torch.cat([o1, o2], dim=1), o)
+    assert_rel_close(torch.cat([o1, o2], dim=1), o, 1e-6, "split and resumed")
     for key, t in whole.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], t), key
     assert whole.state_dict()["sparse.k"].shape == (2, 1, 5, 8)

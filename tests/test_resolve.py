@@ -57,3 +57,43 @@ def test_resolve_config_reads_the_entry_a_saved_model_holds():
         resolve_config({"format": "someone-else/2", "config": {}})
     with pytest.raises(ValueError, match="lola did not write"):
         resolve_config({"format": entry["format"], "config": "window=12"})
+
+
+# -- budgets: one rule for lola niah and the lm-eval model ----------------------------------------
+SHIPPED = "smollm2-135m-instruct"
+
+
+def test_auto_budgets_are_the_models_shipped_ones_where_the_config_takes_them():
+    from lola import budgets
+    from lola.resolve import resolve_budgets
+
+    base = lola.LoLAConfig(sparse_size=192)
+    shipped = resolve_budgets(base, "auto", SHIPPED)
+    assert shipped == budgets.load(SHIPPED).apply(base)
+    assert shipped.layer_overrides[17]["sparse_size_per_head"] != [192, 192, 192]  # calibrated, not uniform
+    assert resolve_budgets(base, "auto", "another-model") is base  # no shipped budgets: uniform
+    for config in (  # configs that cannot take budgets keep their own sizes under "auto"
+        lola.LoLAConfig(gqa_storage="query_head"),
+        lola.LoLAConfig(sparse_size_per_head=[1, 2, 3]),
+        lola.LoLAConfig(layer_overrides={3: {"sparse_size": 8}}),
+    ):
+        assert resolve_budgets(config, "auto", SHIPPED) is config
+    assert resolve_budgets(base, "uniform", SHIPPED) is base and resolve_budgets(base, None, SHIPPED) is base
+    with pytest.raises(ValueError, match="per K/V head"):  # named budgets are never dropped silently
+        resolve_budgets(lola.LoLAConfig(gqa_storage="query_head"), SHIPPED, SHIPPED)
+
+
+def test_niah_and_the_lm_eval_model_resolve_budgets_alike():
+    from lola.eval.runner import NiahRun, method_configs
+    from lola.integrations.lm_eval.model import lola_config_from_args
+
+    for gqa_storage in ("kv_head", "query_head"):
+        run = NiahRun(model=SHIPPED, methods=["lola"], gqa_storage=gqa_storage)
+        niah = method_configs(run)["lola-sre"]
+        fields = niah.model_dump(exclude_unset=True)
+        fields.pop("layer_overrides", None)
+        lm_eval, _ = lola_config_from_args(fields, model_name=SHIPPED, budgets="auto")
+        assert lm_eval == niah, gqa_storage
+    # the run's own unset fields stay unset through the budgets (trained maps fill the rule)
+    run = NiahRun(model=SHIPPED, methods=["lola"], feature_maps=SHIPPED)
+    assert "mixing" not in method_configs(run)["lola-sre"].model_fields_set

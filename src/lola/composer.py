@@ -11,7 +11,8 @@ The life of a token (positions count real tokens of a row):
 
 A segment of ``T`` tokens is processed in blocks that end at schedule steps; within a block,
 all queries are read in parallel (no token enters ``H`` inside a block), and the query on
-which a step falls is read again after the step.
+which a step falls is read with the next block, against the state after the step
+(:mod:`lola.segment_reads`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from lola.memory.sinks import SinkTokens
 from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.schedules import UpdateSchedule
+from lola.segment_reads import SegmentReads, take_tokens
 
 __all__ = ["LoLAMemory", "StateLayout", "check_state"]
 
@@ -358,6 +360,10 @@ class LoLAMemory:
     ) -> tuple[SoftmaxPartial, LinearPartial]:
         """Write a segment into the memories and read every query.
 
+        The segment runs in blocks that end at schedule steps: a block's tokens are written,
+        its queries are read (:class:`~lola.segment_reads.SegmentReads`: the query a step falls
+        on is read with the next block, against the state after the step), then the step runs.
+
         Args:
             q: ``[B, H, T, D]`` queries; fq: ``[B, H, T, F]`` their features (float32).
             k, v: ``[B, Hs, T, D]`` keys/values per storage head.
@@ -378,101 +384,65 @@ class LoLAMemory:
         # (no gathers or scatters) and the schedule is asked on the host.
         uniform = not packed and self._rows_in_step()
         order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True) if packed else None
-        qp, fqp, kp, vp = (_take(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
+        qp, fqp, kp, vp = (take_tokens(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
 
         track = bool(getattr(self.policy, "needs_attention", False))
-        if uniform:
-            pieces: list[tuple[SoftmaxPartial, LinearPartial]] = []
-            done = 0
-        else:
-            # One scratch slot past the end receives the writes of inactive block entries.
-            out_e = SoftmaxPartial.empty(b, h, t + 1, d, device)
-            f32 = dict(dtype=torch.float32, device=device)
-            out_l = LinearPartial(torch.zeros(b, h, t + 1, d, **f32), torch.zeros(b, h, t + 1, **f32))
-            offset = torch.zeros(b, dtype=torch.long, device=device)
-            remaining = valid.sum(dim=1)
-        while (done < t) if uniform else bool((remaining > 0).any()):
+        reads = SegmentReads(self, qp, fqp, self.seen, scale, uniform=uniform, track=track)
+        # Packed index of each row's next token, and whether the row's last token stepped (its
+        # query then waits for the state after the step).
+        offset: int | torch.Tensor = 0 if uniform else torch.zeros(b, dtype=torch.long, device=device)
+        carried: int | torch.Tensor = 0 if uniform else torch.zeros(b, dtype=torch.long, device=device)
+        remaining = None if uniform else valid.sum(dim=1)
+        while (offset < t) if uniform else bool((remaining > 0).any()):
             if uniform:
-                until_host = self._host_until(self.seen[:1])
-                L = min(until_host, t - done)
-                j = torch.arange(L, device=device)
-                length = torch.full((b,), L, dtype=torch.long, device=device)
-                stepping = torch.full((b,), L == until_host, dtype=torch.bool, device=device)
-                any_step = L == until_host
-                active = torch.ones(b, L, dtype=torch.bool, device=device) if track or self.queries is not None else None
-                pos = (self.seen[:, None] + j).expand(b, L)
-                whole = L == t
-                q_c, fq_c, k_c, v_c = (x.narrow(2, done, L) for x in (qp, fqp, kp, vp))
+                until = self._host_until(self.seen[:1])
+                L = min(until, t - offset)
+                step = L == until
+                length, any_step = L, step
+                stepping = torch.full((b,), True, device=device) if step else None
+                pos = (self.seen[:, None] + torch.arange(L, device=device)).expand(b, L)
+                active = None
+                k_c, v_c = kp.narrow(2, offset, L), vp.narrow(2, offset, L)
             else:
-                until = self._ask_schedule(self.seen)
-                length = torch.minimum(until, remaining)
-                stepping = (length == until) & (length > 0)
+                due = self._ask_schedule(self.seen)
+                length = torch.minimum(due, remaining)
+                stepping = (length == due) & (length > 0)
                 # One device read for the block's length, whether a step falls in it and the
                 # schedule's range (an answer of 0 would make empty blocks forever).
-                L, any_step, lo, hi = torch.stack([length.max(), stepping.any().long(), until.min(), until.max()]).tolist()
+                L, any_step, lo, hi = torch.stack([length.max(), stepping.any().long(), due.min(), due.max()]).tolist()
                 self._check_until(lo, hi)
                 L, any_step = int(L), bool(any_step)
                 j = torch.arange(L, device=device)
                 active = j[None, :] < length[:, None]  # [B, L]
                 idx = (offset[:, None] + j).clamp(max=t - 1)
                 pos = torch.where(active, self.seen[:, None] + j, -1)
-                whole = not packed and L == t and bool(active.all())  # one block covers the segment
-                q_c, fq_c, k_c, v_c = (qp, fqp, kp, vp) if whole else (_take(x, idx) for x in (qp, fqp, kp, vp))
+                k_c, v_c = take_tokens(kp, idx), take_tokens(vp, idx)
 
             taken = self.sinks.write(k_c, v_c, pos)
             self.window.append(k_c, v_c, torch.where(taken, -1, pos))
-
-            query = QueryBlock(q_c, fq_c, pos, scale)
-            exact, parts = self._read_exact(query, track)
-            linear = self.linear.read(query)
-            last = (length - 1).clamp(min=0)
-            if track:
-                counted = active & ~(stepping[:, None] & (j[None, :] == last[:, None]))
-                self._observe(parts, exact, counted)
+            # The carried query and this block's queries up to (not including) a stepping one.
+            stepped = int(any_step) if uniform else stepping.long()
+            reads.add(offset - carried, carried + length - stepped)
             self.seen = self.seen + length
             if self.queries is not None:
-                self.queries.update(q_c, active)
-
+                if uniform:
+                    self.queries.update(qp.narrow(2, offset, L), torch.ones(b, L, dtype=torch.bool, device=device))
+                else:
+                    self.queries.update(take_tokens(qp, idx), active)
             if any_step:
                 self.linear.write(*self._select(stepping, feature_map_k, scale))
-                # The query on which the step fell reads the memories as they are after the step.
-                q1, fq1 = _take(q_c, last[:, None]), _take(fq_c, last[:, None])
-                pos1 = torch.where(stepping[:, None], pos.gather(1, last[:, None]), -1)
-                query1 = QueryBlock(q1, fq1, pos1, scale)
-                e1, parts1 = self._read_exact(query1, track)
-                l1 = self.linear.read(query1)
-                if track:
-                    self._observe(parts1, e1, stepping[:, None])
-                sel = stepping[:, None] & (j[None, :] == last[:, None])  # [B, L]
-                exact = _select_partial(sel, e1, exact)
-                linear = LinearPartial(
-                    torch.where(sel[:, None, :, None], l1.num, linear.num),
-                    torch.where(sel[:, None, :], l1.den, linear.den),
-                )
-
-            if whole:
-                return exact, linear  # e.g. a decode token: nothing to scatter back
-            if uniform:
-                pieces.append((exact, linear))
-                done += L
-                continue
-            _scatter_into(out_e, out_l, exact, linear, torch.where(active, idx, t))
-            offset = offset + length
-            remaining = remaining - length
-
-        if uniform:
-            cat = lambda xs: torch.cat(xs, dim=2)  # noqa: E731
-            es, ls = [e for e, _ in pieces], [lp for _, lp in pieces]
-            return SoftmaxPartial(cat([e.num for e in es]), cat([e.den for e in es]), cat([e.max for e in es])), LinearPartial(
-                cat([lp.num for lp in ls]), cat([lp.den for lp in ls])
-            )
+            offset, carried = offset + length, stepped
+            if not uniform:
+                remaining = remaining - length
+        reads.add(offset - carried, carried)  # a step on the last token: its query reads the state after it
+        exact, linear = reads.result()
         if not packed:
-            return SoftmaxPartial(out_e.num[:, :, :t], out_e.den[:, :, :t], out_e.max[:, :, :t]), LinearPartial(out_l.num[:, :, :t], out_l.den[:, :, :t])
+            return exact, linear
         # Unpack to the caller's token order (padding keeps the empty partial).
         inverse = torch.argsort(order, dim=1)
-        out_e = SoftmaxPartial(*(_take(x, inverse) for x in (out_e.num, out_e.den, out_e.max)))
-        out_l = LinearPartial(*(_take(x, inverse) for x in (out_l.num, out_l.den)))
-        return out_e, out_l
+        exact = SoftmaxPartial(*(take_tokens(x, inverse) for x in (exact.num, exact.den, exact.max)))
+        linear = LinearPartial(*(take_tokens(x, inverse) for x in (linear.num, linear.den)))
+        return exact, linear
 
     @property
     def decodes_fused(self) -> bool:
@@ -696,26 +666,6 @@ def _describe(part: object) -> str:
     if type(part).__repr__ is object.__repr__:
         return f"{type(part).__module__}.{type(part).__qualname__}(capacity={getattr(part, 'capacity', None)})"
     return repr(part)
-
-
-def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Gather along the token axis: ``x [B, H, T, ...]``, ``index [B, L]`` → ``[B, H, L, ...]``."""
-    shape = list(x.shape)
-    idx = index.view(index.shape[0], 1, index.shape[1], *([1] * (x.dim() - 3)))
-    return x.gather(2, idx.expand(shape[0], shape[1], index.shape[1], *shape[3:]))
-
-
-def _select_partial(sel: torch.Tensor, a: SoftmaxPartial, b: SoftmaxPartial) -> SoftmaxPartial:
-    """Per query ``sel [B, L]``: ``a`` (broadcast over ``L``) where true, else ``b``."""
-    s3 = sel[:, None, :]
-    return SoftmaxPartial(torch.where(s3[..., None], a.num, b.num), torch.where(s3, a.den, b.den), torch.where(s3, a.max, b.max))
-
-
-def _scatter_into(out_e: SoftmaxPartial, out_l: LinearPartial, e: SoftmaxPartial, l: LinearPartial, idx: torch.Tensor) -> None:
-    """Write block results ``[B, H, L, ·]`` at packed positions ``idx [B, L]`` of the outputs."""
-    for dst, src in ((out_e.num, e.num), (out_e.den, e.den), (out_e.max, e.max), (out_l.num, l.num), (out_l.den, l.den)):
-        full = idx.view(idx.shape[0], 1, idx.shape[1], *([1] * (dst.dim() - 3))).expand_as(src)
-        dst.scatter_(2, full, src)
 
 
 def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> None:

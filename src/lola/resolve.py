@@ -17,20 +17,28 @@ A rule the caller sets is always kept. :meth:`lola.pretrained.folder.FeatureMaps
 :func:`resolve_mixing`, so ``apply_lola(..., feature_maps=…)``, ``lola.models.load(...,
 linearized=True)``, ``lola niah``, ``lola perplexity``, the lm-eval model and the vLLM plug-in
 (:func:`resolve_config`) all share it.
+
+The per-head sparse budgets a run asks for by name (``budgets="auto"``, a shipped name or a
+``lola calibrate`` file) are decided here too (:func:`resolve_budgets`), for ``lola niah`` and the
+lm-eval model alike.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from lola.config import LoLAConfig
 from lola.model_entry import entry_config, is_entry
 
-__all__ = ["PAPER_MIXING", "default_mixing", "has_sparse_cache", "resolve_config", "resolve_mixing"]
+__all__ = ["AUTO_BUDGETS", "PAPER_MIXING", "default_mixing", "has_sparse_cache", "resolve_budgets", "resolve_config", "resolve_mixing", "takes_budgets"]
 
 PAPER_MIXING = "lola_authors"
 """The LoLA paper's rule: how LoLA reads a hybrid trained with another rule."""
+
+AUTO_BUDGETS = "auto"
+"""The budgets name that means: the model's shipped calibrated budgets where they apply."""
 
 
 def has_sparse_cache(config: LoLAConfig) -> bool:
@@ -78,3 +86,35 @@ def resolve_config(config: LoLAConfig | Mapping[str, Any] | None, trained_mixing
             raise TypeError(f"config must be a LoLAConfig, a mapping of its fields or None, got {type(config).__name__}")
         config = LoLAConfig(**config)
     return resolve_mixing(config, trained_mixing)
+
+
+def takes_budgets(config: LoLAConfig) -> bool:
+    """Whether per-head budgets can be applied to ``config``
+    (:meth:`lola.budgets.HeadBudgets.apply`): it stores per K/V head and sets no per-head or
+    per-layer sparse sizes of its own."""
+    own_sizes = config.sparse_size_per_head is not None or any("sparse_size" in o or "sparse_size_per_head" in o for o in config.layer_overrides.values())
+    return config.gqa_storage == "kv_head" and not own_sizes
+
+
+def resolve_budgets(config: LoLAConfig, budgets: str | os.PathLike | None, model: str | None = None) -> LoLAConfig:
+    """``config`` with the per-head sparse budgets ``budgets`` names: the one rule for every
+    command and integration that takes a ``budgets`` option.
+
+    Args:
+        config: the LoLA config (fields it leaves unset, such as the mixing rule, stay unset).
+        budgets: ``None`` or ``"uniform"``: ``config`` as it is. ``"auto"``: the shipped budgets of
+            ``model`` when there are any and ``config`` can take them (:func:`takes_budgets`),
+            else ``config`` as it is. Otherwise a shipped name or a ``lola calibrate`` file, applied.
+        model: the registered model name, for ``"auto"``.
+
+    Raises:
+        ValueError: named budgets that ``config`` cannot take (per query head, or its own sizes).
+        FileNotFoundError: a budgets file that does not exist.
+    """
+    from lola import budgets as head_budgets
+
+    if budgets == AUTO_BUDGETS:
+        budgets = model if model in head_budgets.available() and takes_budgets(config) else None
+    if budgets is None or budgets == "uniform":
+        return config
+    return head_budgets.load(budgets).apply(config)

@@ -29,6 +29,7 @@ from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.demo import Seed
 from lola.eval.niah import check_templates
 from lola.methods import METHODS, method_config
+from lola.resolve import resolve_budgets
 
 __all__ = [
     "METHODS",
@@ -209,18 +210,6 @@ class NiahRun(BaseModel):
         return self.sinks + self.window + self.sparse_size
 
 
-def _with_budgets(cfg: LoLAConfig, budgets: str | None, model: str) -> LoLAConfig:
-    """``cfg`` with the named budgets applied; ``"auto"``: the shipped budgets of ``model`` if
-    there are any, else uniform."""
-    from lola import budgets as head_budgets
-
-    if budgets == "auto":
-        budgets = model if model in head_budgets.available() else None
-    if budgets is None or budgets == "uniform":
-        return cfg
-    return head_budgets.load(budgets).apply(cfg)
-
-
 def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
     """The ``lola`` method as ``lola niah`` runs it by default for ``model``: :class:`NiahRun`'s
     window, sparse cache, sinks and chunk, the model's shipped budgets if it has any
@@ -228,7 +217,7 @@ def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
     :mod:`lola.resolve` (the paper's), without them it is ``softmax_only``."""
     d = {name: field.default for name, field in NiahRun.model_fields.items()}
     cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
-    return _with_budgets(cfg, d["budgets"], model)
+    return resolve_budgets(cfg, d["budgets"], model)
 
 
 def check_budgets(run: NiahRun, model: Any) -> None:
@@ -298,7 +287,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             continue
         for policy in run.policies:
             overrides = {**common, **_policy_defaults(policy, run)}
-            out[f"lola-{policy}"] = _with_budgets(method_config("lola", policy=policy, **settings, overrides=overrides), run.budgets, run.model)
+            out[f"lola-{policy}"] = resolve_budgets(method_config("lola", policy=policy, **settings, overrides=overrides), run.budgets, run.model)
         for name, fields in run.variants.items():
             fields = dict(fields)
             budgets = fields.pop("budgets", None)
@@ -309,7 +298,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             except (ValueError, TypeError) as err:
                 raise ValueError(f"variant {name!r}: {err}") from None
             try:
-                out[f"lola-{name}"] = _with_budgets(cfg, budgets, run.model)
+                out[f"lola-{name}"] = resolve_budgets(cfg, budgets, run.model)
             except ValidationError as err:
                 raise ValueError(f"variants.{name}.budgets {budgets!r}: {validation_summary(err)}") from None
             except (ValueError, TypeError, OSError) as err:

@@ -135,18 +135,10 @@ def lola_config_from_args(
         from lola.pretrained.folder import FeatureMaps, read_feature_maps
 
         maps = feature_maps if isinstance(feature_maps, FeatureMaps) else read_feature_maps(feature_maps)
-        # before the budgets: HeadBudgets.apply marks every field as set
         cfg = maps.merge_into(cfg)
-    if budgets == "auto":
-        from lola import budgets as head_budgets
+    from lola.resolve import resolve_budgets
 
-        sets_sizes = cfg.sparse_size_per_head is not None or any("sparse_size" in o or "sparse_size_per_head" in o for o in cfg.layer_overrides.values())
-        budgets = model_name if model_name in head_budgets.available() and not sets_sizes and cfg.gqa_storage == "kv_head" else None
-    if budgets not in (None, "uniform"):
-        from lola import budgets as head_budgets
-
-        cfg = head_budgets.load(budgets).apply(cfg)
-    return cfg, maps
+    return resolve_budgets(cfg, budgets, model_name), maps
 
 
 def _registered(name: Any) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
@@ -28,8 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from lola.config import LoLAConfig
 from lola.data import describe, encode, load_split, token_chunks
 from lola.demo import Seed
-from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
-from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
+from lola.linearize.checkpoint import run_inputs
+from lola.linearize.distributed import World
+from lola.linearize.trainer import Trainer, start
 from lola.pretrained.folder import CONFIG_FILE, FINETUNE_REPORT_FILE, REPORT_FILE, check_geometry, model_geometry, read_feature_maps, write_feature_maps
 from lola.pretrained.lora import LoraSpec
 
@@ -245,7 +245,6 @@ def finetune(
         ValueError: ``cfg.seq_len`` beyond the model's positions, or a checkpoint in ``out`` of
             other options, text or stage-1 maps (stage 1 retrained since it started).
     """
-    from tqdm.auto import tqdm
 
     from lola.linearize.transfer import check_positions
     from lola.pretrained.shipped import resolve_feature_maps
@@ -267,16 +266,10 @@ def finetune(
         from lola.checksums import content_digest
 
         inputs["start"] = content_digest(maps)
-    state = read_checkpoint(ckpt, cfg, geometry, "--stage2-steps", inputs) if ckpt.exists() or ckpt.is_symlink() else None
-    device = resolve_device(cfg.device)
-    world = init_world(device)
-    if cfg.batch % world.size:
-        raise ValueError(f"batch ({cfg.batch}) must be a multiple of the number of processes ({world.size})")
-    if world.size > 1 and device.type == "cuda":
-        device = torch.device("cuda", world.rank % torch.cuda.device_count())
-    if world.main:
-        out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
+    # A checkpoint is checked before any work (its optimizer state is restored once built below).
+    trainer = Trainer([], None, None, World(), ckpt, cfg, geometry, inputs, steps_option="--stage2-steps")
+    state = trainer.read()
+    device, world = start(cfg.device, cfg.batch, out, cfg.seed)
     model.to(device).eval()  # no dropout in either pass
     if cfg.gradient_checkpointing:
         _enable_gradient_checkpointing(model)
@@ -305,6 +298,7 @@ def finetune(
 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     trainable = lora_params + map_params
+    trainer.params, trainer.optimizer, trainer.schedule, trainer.world = trainable, optimizer, schedule, world
 
     def sequence_loss(ids: torch.Tensor) -> torch.Tensor:
         ids = ids.to(device).view(1, -1)
@@ -318,71 +312,45 @@ def finetune(
         if heldout.shape[0] == 0:
             return None
         ids = heldout.to(device)
-        kls = []
-        for row in world.shard(list(range(ids.shape[0]))):
+        kls = torch.zeros((), dtype=torch.float64, device=device)
+        rows = world.shard(list(range(ids.shape[0])))
+        for row in rows:
             with _teacher(model, stock):
                 t = model(ids[row : row + 1], use_cache=False).logits
             s = model(ids[row : row + 1], use_cache=False).logits
-            kls.append(float(distillation_loss(s, t, ids[row : row + 1], 1.0, 0.0)))
-        total = torch.tensor([sum(kls), len(kls)], dtype=torch.float64)
+            kls = kls + distillation_loss(s, t, ids[row : row + 1], 1.0, 0.0).double()
+        total = torch.stack([kls.cpu(), torch.tensor(float(len(rows)), dtype=torch.float64)])
         if world.size > 1:
             torch.distributed.all_reduce(total)  # ranks may hold unequal shares of the held-out rows
         return float(total[0] / total[1])
 
-    start, losses, train_s = 0, [], 0.0
-    kl_before = None
     if state is not None:
+        trainer.resume(state)
         with torch.no_grad():
             for p, saved_p in zip(trainable, state["trainable"]):
                 p.copy_(saved_p)
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        start, losses, train_s, kl_before = int(state["step"]), list(state["losses"]), float(state["train_s"]), state["kl_before"]
+        kl_before = state["kl_before"]
         if world.main:
-            log(f"resuming stage 2 from step {start} of {cfg.steps} ({ckpt})")
+            log(f"resuming stage 2 from step {trainer.step} of {cfg.steps} ({ckpt})")
     else:
         kl_before = heldout_kl()
 
-    def save_checkpoint(step: int) -> None:
-        if not world.main:
-            return
-        state = {
-            "step": step,
-            "config": cfg.model_dump(),
-            "geometry": geometry,
-            "losses": losses,
-            "train_s": train_s,
-            "kl_before": kl_before,
-            "inputs": inputs,
-            "trainable": [p.detach().cpu() for p in trainable],
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-        }
-        write_checkpoint(ckpt, state)
+    def train_item(i: int, share: int) -> torch.Tensor:
+        loss = sequence_loss(train[i]) / share
+        loss.backward()
+        return loss.detach()
 
-    processed = 0  # sequences this process trained on in this call (rank 0's is reported)
-    order = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-    steps = range(start, cfg.steps)
-    bar = tqdm(steps, desc="stage 2 (LoRA)", unit="step", initial=start, total=cfg.steps, disable=not (progress and world.main))
-    for step in bar:
-        t = time.perf_counter()
-        batch = [order[(step * cfg.batch + j) % len(order)] for j in range(cfg.batch)]
-        mine = world.shard(batch)
-        total = 0.0
-        for i in mine:
-            processed += 1
-            loss = sequence_loss(train[i]) / len(mine)
-            loss.backward()
-            total += loss.item()
-        average_gradients(trainable, world)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        losses.append(all_reduce_mean(total, world))
-        train_s += time.perf_counter() - t
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(step + 1)
+    trainer.run(
+        steps=cfg.steps,
+        batch=cfg.batch,
+        items=train.shape[0],
+        seed=cfg.seed,
+        train_item=train_item,
+        stage_state=lambda: {"kl_before": kl_before, "trainable": [p.detach().cpu() for p in trainable]},
+        checkpoint_every=cfg.checkpoint_every,
+        desc="stage 2 (LoRA)",
+        progress=progress,
+    )
 
     kl_after = heldout_kl()
     report = {
@@ -394,7 +362,7 @@ def finetune(
         "start_maps": start_name,
         "inputs": inputs,  # the stage-1 maps' fingerprint outlives them here (see stage1_digest)
         "processes": world.size,
-        "sequences_per_process": processed,
+        "sequences_per_process": trainer.processed,
         "device": str(device),
         "text": {
             "source": describe(cfg.text),
@@ -404,9 +372,9 @@ def finetune(
             "tokens_seen": cfg.steps * cfg.batch * cfg.seq_len,
         },
         "steps": cfg.steps,
-        "seconds": {"training": round(train_s, 1)},
+        "seconds": {"training": round(trainer.train_s, 1)},
         "kl_heldout": {"before": kl_before, "after": kl_after},
-        "train_loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None, "every_step": losses},
+        "train_loss": trainer.loss_summary(),
     }
     reports = {FINETUNE_REPORT_FILE: report}
     if world.main:
@@ -432,7 +400,7 @@ def finetune(
         )
         log(
             f"held-out KL to the teacher: {kl_before if kl_before is None else f'{kl_before:.4f}'} -> "
-            f"{kl_after if kl_after is None else f'{kl_after:.4f}'}; training {train_s / 60:.1f} min; wrote {out}"
+            f"{kl_after if kl_after is None else f'{kl_after:.4f}'}; training {trainer.train_s / 60:.1f} min; wrote {out}"
         )
     world.barrier()
     return report

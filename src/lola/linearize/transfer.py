@@ -25,10 +25,10 @@ from lola.data import describe, encode, load_split, token_chunks
 from lola.demo import Seed
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 from lola.layer import LoLAAttention, compose
-from lola.linearize.checkpoint import read_checkpoint, run_inputs, write_checkpoint
-from lola.linearize.distributed import all_reduce_mean, average_gradients, init_world, resolve_device
+from lola.linearize.checkpoint import run_inputs
 from lola.linearize.hybrid import hybrid_attention
 from lola.linearize.teacher import LayerActivations, collect_activations
+from lola.linearize.trainer import Trainer, start
 from lola.pretrained.folder import REPORT_FILE, model_geometry, write_feature_maps
 
 __all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize"]
@@ -172,20 +172,10 @@ def linearize(
         ValueError: ``cfg.chunk_tokens`` beyond the model's positions, or a checkpoint in
             ``out`` of other options or text.
     """
-    from tqdm.auto import tqdm
-
     out = Path(out)
     check_positions(model, cfg.chunk_tokens, "chunk_tokens (--chunk-tokens)")
-    device = resolve_device(cfg.device)
-    world = init_world(device)
-    if cfg.batch % world.size:
-        raise ValueError(f"batch ({cfg.batch}) must be a multiple of the number of processes ({world.size})")
-    if world.size > 1 and device.type == "cuda":
-        device = torch.device("cuda", world.rank % torch.cuda.device_count())
+    device, world = start(cfg.device, cfg.batch, out, cfg.seed)
     model.to(device)
-    if world.main:
-        out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -226,66 +216,39 @@ def linearize(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step / cfg.steps, 1.0))))
     mse_before = _eval_mse(students, eval_acts, cfg.window)
-
-    start, losses, train_s = 0, [], 0.0
-    ckpt = out / CHECKPOINT_FILE
     # The text's and the teacher's fingerprints, once: a resume on other content or weights is refused.
-    inputs = run_inputs(cfg, model=model)
-    if ckpt.exists() or ckpt.is_symlink():
-        state = read_checkpoint(ckpt, cfg, geometry, "--steps", inputs)
+    trainer = Trainer(params, optimizer, schedule, world, out / CHECKPOINT_FILE, cfg, geometry, run_inputs(cfg, model=model))
+    state = trainer.resume()
+    if state is not None:
         for i, s in students.items():
             s.load_state_dict(state["students"][str(i)])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        start, losses, train_s = int(state["step"]), list(state["losses"]), float(state["train_s"])
         mse_before = {int(k): v for k, v in state["mse_before"].items()}
         if world.main:
-            log(f"resuming from step {start} of {cfg.steps} ({ckpt})")
+            log(f"resuming from step {trainer.step} of {cfg.steps} ({trainer.checkpoint})")
 
-    def save_checkpoint(step: int) -> None:
-        if not world.main:
-            return
-        state = {
-            "step": step,
-            "config": cfg.model_dump(),
-            "geometry": geometry,
-            "losses": losses,
-            "train_s": train_s,
-            "mse_before": {str(k): v for k, v in mse_before.items()},
-            "inputs": inputs,
-            "students": {str(i): s.state_dict() for i, s in students.items()},
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-        }
-        write_checkpoint(ckpt, state)
+    def train_item(c: int, share: int) -> torch.Tensor:
+        acts = activations(c)
+        total = torch.zeros((), device=device)
+        for i, s in students.items():
+            # each layer trains on its own loss, backward layer by layer: one layer's graph alive at a time
+            loss = layer_loss(s, acts[i], cfg.window) / share
+            loss.backward()
+            total = total + loss.detach()
+        return total / len(students)
 
-    processed = 0  # sequences this process trained on in this call (rank 0's is reported)
-    order = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-    steps = range(start, cfg.steps)
-    bar = tqdm(steps, desc="attention transfer", unit="step", initial=start, total=cfg.steps, disable=not (progress and world.main))
-    for step in bar:
-        t = time.perf_counter()
-        batch = [order[(step * cfg.batch + j) % len(order)] for j in range(cfg.batch)]
-        mine = world.shard(batch)
-        total = 0.0
-        collected = collect_s
-        for c in mine:
-            processed += 1
-            acts = activations(c)
-            for i, s in students.items():
-                # each layer trains on its own loss; the mean over this step's chunks
-                loss = layer_loss(s, acts[i], cfg.window) / len(mine)
-                loss.backward()  # layer by layer: one layer's graph alive at a time
-                total += loss.item() / len(students)
-        average_gradients(params, world)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        losses.append(all_reduce_mean(total, world))
-        train_s += time.perf_counter() - t - (collect_s - collected)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(step + 1)
+    trainer.run(
+        steps=cfg.steps,
+        batch=cfg.batch,
+        items=train.shape[0],
+        seed=cfg.seed,
+        train_item=train_item,
+        stage_state=lambda: {"mse_before": {str(k): v for k, v in mse_before.items()}, "students": {str(i): s.state_dict() for i, s in students.items()}},
+        checkpoint_every=cfg.checkpoint_every,
+        desc="attention transfer",
+        progress=progress,
+        untimed=lambda: collect_s,
+        loss_format=".3f",
+    )
 
     mse_after = _eval_mse(students, eval_acts, cfg.window)
     report = {
@@ -293,7 +256,7 @@ def linearize(
         "geometry": geometry,
         "config": cfg.model_dump(),
         "processes": world.size,
-        "sequences_per_process": processed,
+        "sequences_per_process": trainer.processed,
         "text": {
             "source": describe(cfg.text),
             "characters": len(train_text) + len(heldout_text),
@@ -301,18 +264,18 @@ def linearize(
             "heldout_tokens": int(heldout.numel()),
         },
         "steps": cfg.steps,
-        "seconds": {"teacher_activations": round(collect_s, 1), "training": round(train_s, 1)},
+        "seconds": {"teacher_activations": round(collect_s, 1), "training": round(trainer.train_s, 1)},
         "mse_heldout_before": {str(k): v for k, v in mse_before.items()},
         "mse_heldout_after": {str(k): v for k, v in mse_after.items()},
         "mse_heldout_mean": {"before": sum(mse_before.values()) / len(mse_before), "after": sum(mse_after.values()) / len(mse_after)},
-        "train_loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None, "every_step": losses},
+        "train_loss": trainer.loss_summary(),
         "versions": _versions(),
     }
     if world.main:
         write_feature_maps(out, _tensors(students), hybrid_config(cfg), geometry, model_name, reports={REPORT_FILE: report})
         log(
             f"held-out MSE (mean over layers): {report['mse_heldout_mean']['before']:.3e} -> {report['mse_heldout_mean']['after']:.3e}; "
-            f"training {train_s / 60:.1f} min; wrote {out}"
+            f"training {trainer.train_s / 60:.1f} min; wrote {out}"
         )
     world.barrier()
     return report

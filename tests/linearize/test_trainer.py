@@ -34,7 +34,9 @@ def _run(trainer, w, steps, seen=None, stop_after=None):
         loss.backward()
         return loss.detach()
 
-    trainer.run(steps=steps, batch=2, items=6, seed=0, train_item=item, stage_state=lambda: {"w": w.detach().clone()}, checkpoint_every=2, desc="test", progress=False)
+    trainer.run(
+        steps=steps, batch=2, items=6, seed=0, train_item=item, stage_state=lambda: {"w": w.detach().clone()}, checkpoint_every=2, desc="test", progress=False
+    )
 
 
 def test_step_loss_is_the_sum_of_the_items_and_the_order_is_seeded(tmp_path):

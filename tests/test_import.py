@@ -50,3 +50,27 @@ def test_the_command_line_names_the_extra_to_install(tmp_path):
     done = _run(f"import sys\nfrom lola.cli import main\nsys.exit(main(['niah', '--model', 'tiny-random-llama', '--out', {str(out)!r}]))")
     assert done.returncode == 2, done.stderr
     assert "lola niah: error: needs transformers, from the hf extra: pip install 'lola[hf]'" in done.stderr
+
+
+APPLY_SHIPPED_MAPS = """
+import sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import lola
+from lola.integrations.transformers import apply_lola
+
+# SmolLM2-135M's attention geometry (30 layers, 9 heads, 3 K/V heads, head_dim 64), tiny elsewhere
+config = LlamaConfig(vocab_size=64, hidden_size=576, intermediate_size=32, num_hidden_layers=30, num_attention_heads=9,
+                     num_key_value_heads=3, max_position_embeddings=256, tie_word_embeddings=True)
+model = LlamaForCausalLM(config).eval()
+apply_lola(model, lola.LoLAConfig(sparse_size=8, window=8, chunk=8), feature_maps="smollm2-135m-instruct")
+with torch.no_grad():
+    model(torch.randint(0, 64, (1, 20)))
+print(sorted(m for m in sys.modules if m.startswith("lola.linearize")))
+"""
+
+
+def test_inference_with_shipped_maps_loads_no_training_code():
+    done = subprocess.run([sys.executable, "-c", APPLY_SHIPPED_MAPS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

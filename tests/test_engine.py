@@ -275,3 +275,41 @@ def test_the_engine_under_forced_triton_equals_the_reference(mixing, monkeypatch
     tri, tri_backends = run("triton")
     assert ref_backends == {"reference"} and tri_backends == {"triton"}
     torch.testing.assert_close(tri, ref, rtol=2e-3, atol=2e-3)
+
+
+# -- no host reads per decoded token ------------------------------------------------------------------
+
+
+@pytest.fixture
+def accelerator_checks(monkeypatch):
+    """lola's checks as they run on an accelerator (asynchronous asserts, nothing read back)."""
+    import lola.core.checks as checks
+
+    monkeypatch.setattr(checks, "HOST_DEVICES", frozenset())  # the CPU as an accelerator
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["rows in step", "left-padded rows"])
+def test_decode_reads_nothing_back_between_steps(accelerator_checks, padded):
+    """The default decode path (check_inputs on, SRE, chunkwise) reads no tensor value back to
+    the host on a token without a step; with a
+    padded prefill the rows step at different tokens, and the schedule is still asked on the host."""
+    from tests.host_reads import count_host_reads
+
+    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8, policy="sre", mixing="lola_authors")
+    attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
+    q, k, v = _inputs(2, 60, 4, 2, 16)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    if padded:
+        mask[0, :3] = False
+    _, state = attn(q[:, :30], k[:, :30], v[:, :30], padding_mask=mask)
+    attn(q[:, 30:31], k[:, 30:31], v[:, 30:31], state=state)  # the first token reads the counts once
+    seen = state.seen.tolist()
+    for i in range(31, 60):
+        with count_host_reads() as reads, K.record_calls() as calls:
+            attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
+        steps = sum(n for (op, _), n in calls.items() if op == "self_recall_error")
+        stepping = any((s + i - 31) % 8 == 7 for s in seen)  # a step falls on positions 7, 15, 23, …
+        assert bool(steps) == stepping, i
+        # at a step: the evicted count (a device read) and the schedule's next answer (computed
+        # on host copies of the counts, a CPU tensor even when the state is on a GPU)
+        assert sum(reads.values()) <= (2 if stepping else 0), (i, dict(reads))

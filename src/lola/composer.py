@@ -153,10 +153,11 @@ class LoLAMemory:
     @seen.setter
     def seen(self, value: torch.Tensor | None) -> None:
         self._seen = value
-        # Host copies for the decode path (no device reads per token): the smallest and largest
-        # count, and the tokens until the next step when every row agrees; filled on demand.
-        self._seen_range: tuple[int, int] | None = None
-        self._until: int | None = None
+        # Host copies for the decode path (no device reads per token): each row's count, and
+        # each row's tokens until its next step; read from the device once when unknown, then
+        # advanced on the host (:meth:`_advance`).
+        self._seen_host: list[int] | None = None
+        self._due: list[int] | None = None
 
     # -- description -----------------------------------------------------------------------------
     @property
@@ -228,6 +229,7 @@ class LoLAMemory:
         if self.queries is not None:
             self.queries.allocate(batch, num_heads, head_dim, device)
         self.seen = torch.zeros(batch, dtype=torch.long, device=device)
+        self._seen_host = [0] * batch
         self.num_heads = num_heads
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -395,7 +397,7 @@ class LoLAMemory:
         remaining = None if uniform else valid.sum(dim=1)
         while (offset < t) if uniform else bool((remaining > 0).any()):
             if uniform:
-                until = self._host_until(self.seen[:1])
+                until = self._host_due()[0]
                 L = min(until, t - offset)
                 step = L == until
                 length, any_step = L, step
@@ -423,7 +425,7 @@ class LoLAMemory:
             # The carried query and this block's queries up to (not including) a stepping one.
             stepped = int(any_step) if uniform else stepping.long()
             reads.add(offset - carried, carried + length - stepped)
-            self.seen = self.seen + length
+            self._advance(length)
             if self.queries is not None:
                 if uniform:
                     self.queries.update(qp.narrow(2, offset, L), torch.ones(b, L, dtype=torch.bool, device=device))
@@ -492,20 +494,12 @@ class LoLAMemory:
             self.window.push(k, v, pos, slot)
         else:  # a custom window without the in-place path
             self.window.append(k, v, pos)
-        if lo == hi:  # rows in step: the schedule is asked once per period, on the host
-            if self._until is None:
-                self._until = self._host_until(seen[:1])
-            step = self._until == 1
-            stepping = seen.new_full(seen.shape, step, dtype=torch.bool) if step else None
-            until = self._until - 1 or None
-        else:
-            due = self._ask_schedule(seen)
-            lo_until, hi_until = torch.stack([due.min(), due.max()]).tolist()  # the one read there was
-            self._check_until(lo_until, hi_until)
-            stepping = due == 1 if lo_until == 1 else None
-            until = None
-        self.seen = seen + 1
-        self._seen_range, self._until = (lo + 1, hi + 1), until
+        # The schedule is asked on the host (counts kept there), once per step of some row.
+        due = self._host_due()
+        stepping = torch.tensor([d == 1 for d in due], device=seen.device) if 1 in due else None
+        self._advance(1)
+        # After a step the schedule is asked again now, at the step, not on the next token.
+        self._due = [d - 1 for d in due] if stepping is None else self._host_due()
         if self.queries is not None:
             self.queries.update(q, torch.ones_like(pos, dtype=torch.bool))
         if stepping is not None:
@@ -544,15 +538,33 @@ class LoLAMemory:
         lo, hi = self._host_seen_range()
         return lo == hi
 
-    def _host_seen_range(self) -> tuple[int, int]:
-        if self._seen_range is None:
-            self._seen_range = (int(self._seen.min()), int(self._seen.max())) if self._seen.numel() else (0, 0)
-        return self._seen_range
+    def _host_seen(self) -> list[int]:
+        """Each row's count on the host: read from the device once after a change the host
+        cannot follow (a padded segment, a loaded or reordered state), then kept by :meth:`_advance`."""
+        if self._seen_host is None:
+            self._seen_host = self._seen.tolist()
+        return self._seen_host
 
-    def _host_until(self, seen: torch.Tensor) -> int:
-        until = int(self._ask_schedule(seen)[0])
-        self._check_until(until, until)
-        return until
+    def _host_seen_range(self) -> tuple[int, int]:
+        seen = self._host_seen()
+        return (min(seen), max(seen)) if seen else (0, 0)
+
+    def _host_due(self) -> list[int]:
+        """Each row's tokens until its next step (1: the step falls on its next token), asked of
+        the schedule on host copies of the counts, so no device value is read."""
+        if self._due is None:
+            until = self._ask_schedule(torch.tensor(self._host_seen(), dtype=torch.long)).tolist()
+            self._check_until(min(until, default=1), max(until, default=1))
+            self._due = until
+        return self._due
+
+    def _advance(self, n: int | torch.Tensor) -> None:
+        """``seen += n``: an int for every row (the host copy follows, and the countdown to the
+        next step is the caller's), or a ``[B]`` tensor (the host copies are then unknown)."""
+        host = self._seen_host
+        self.seen = self._seen + n
+        if isinstance(n, int) and host is not None:
+            self._seen_host = [x + n for x in host]
 
     def _ask_schedule(self, seen: torch.Tensor) -> torch.Tensor:
         """The schedule's ``tokens_until_step(seen)``, the one way the composer asks it: a

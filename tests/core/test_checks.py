@@ -1,30 +1,14 @@
 """lola.core.checks: value checks read back on the CPU, assert asynchronously elsewhere, so the
 decode path reads nothing back per token on an accelerator."""
 
-import collections
-
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import lola
 import lola.core.checks as checks
 from lola.integrations.transformers import LoLACache, apply_lola
 from lola.models import tiny_random
-
-# Tensor methods that hand a value to the host (on an accelerator: wait for the device).
-HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"}
-
-
-class CountHostReads(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.reads = collections.Counter()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in HOST_READS:
-            self.reads[func.__name__] += 1
-        return func(*args, **(kwargs or {}))
+from tests.host_reads import count_host_reads
 
 
 def test_require_reads_back_on_the_host_and_asserts_elsewhere(monkeypatch):
@@ -47,11 +31,10 @@ def test_decoding_reads_nothing_back_between_steps_on_an_accelerator(monkeypatch
         with torch.no_grad():
             nxt = decode(ids)
             nxt = decode(nxt)  # the first decoded token asks the schedule once (a read at a step boundary)
-            counter = CountHostReads()
-            with counter:
+            with count_host_reads() as reads:
                 for _ in range(tokens):  # positions 42..57: no step falls (chunk 64)
                     nxt = decode(nxt)
-        return sum(counter.reads.values())
+        return sum(reads.values())
 
     assert reads_while_decoding(16) > 0  # on the CPU the input check reads its flag back: the counter sees it
     monkeypatch.setattr(checks, "HOST_DEVICES", frozenset())

@@ -112,3 +112,35 @@ def test_a_text_generation_pipeline_gets_a_lola_cache():
         expected = model.generate(ids, max_new_tokens=12, do_sample=False, cache=LoLACache(model))
     assert text == tok.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
     assert ids.shape[1] > SMALL.exact_budget  # long enough for LoLA to evict
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["no padding", "left padding"])
+def test_generate_reads_at_most_the_padding_mask_back_per_token(monkeypatch, padded):
+    """Between steps a decoded token reads nothing back from lola's code, whatever the number of
+    layers; a left-padded batch reads its padding mask once per forward (transformers builds one
+    mask for every layer), not once per layer. Checks run as on an accelerator (asynchronous)."""
+    from transformers import LogitsProcessor
+
+    import lola.core.checks as checks
+    from tests.host_reads import count_host_reads
+
+    monkeypatch.setattr(checks, "HOST_DEVICES", frozenset())  # the CPU as an accelerator
+    model = tiny("llama", layers=3)
+    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=64, mixing="lola_authors"))
+    ids = torch.randint(1, 100, (2, 30), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :4] = 0
+    per_token = []
+
+    class Mark(LogitsProcessor):  # called once per forward, after it
+        def __call__(self, input_ids, scores):
+            per_token.append(sum(reads.values()))
+            return scores
+
+    with count_host_reads() as reads, torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False, logits_processor=[Mark()], pad_token_id=0)
+    # per_token[0]: the prefill; [1]: the first decoded token reads each layer's counts once;
+    # after it, the prompt (≤ 30 tokens) and 12 new ones stay below the first step (position 63).
+    decoded = [b - a for a, b in zip(per_token[1:], per_token[2:])]
+    assert len(decoded) == 10 and all(n == (1 if padded else 0) for n in decoded), decoded

@@ -9,6 +9,7 @@ takes it from there, checking that the layer was updated with the very key tenso
 
 from __future__ import annotations
 
+import weakref
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ __all__ = ["ATTENTION_NAME", "lola_attention_forward", "register_attention", "se
 
 ATTENTION_NAME = "lola"
 _ANNOUNCED: ContextVar["LoLACacheLayer | None"] = ContextVar("lola_announced_cache_layer", default=None)
+# The last 4D mask read, its segment length and the padding mask found in it.
+_LAST_MASK: ContextVar[tuple | None] = ContextVar("lola_last_attention_mask", default=None)
 
 
 def announce(layer: "LoLACacheLayer") -> None:
@@ -29,7 +32,8 @@ def announce(layer: "LoLACacheLayer") -> None:
 
 
 def segment_padding_mask(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
-    """``[B, q_len]`` bool real-token mask of the current segment, from transformers' 4D mask.
+    """``[B, q_len]`` bool real-token mask of the current segment, from transformers' 4D mask
+    (``None`` when every token of the segment is real).
 
     The mask is ``[B, 1, q_len, kv_len]`` (True or 0.0 = may attend), the current segment being
     its last ``q_len`` key columns; a token is real iff it may attend to itself (padding masks
@@ -39,10 +43,18 @@ def segment_padding_mask(attention_mask: torch.Tensor | None, q_len: int) -> tor
         return None
     if attention_mask.dim() != 4:
         raise ValueError(f"attention_mask must be [B, 1, q_len, kv_len], got shape {tuple(attention_mask.shape)}")
+    # transformers builds one mask per forward and hands it to every layer: it is read back
+    # (whether any token is padding) once per forward, not once per layer.
+    last = _LAST_MASK.get()
+    if last is not None and last[0]() is attention_mask and last[1] == q_len:
+        return last[2]
     kv_len = attention_mask.shape[-1]
     i = torch.arange(q_len, device=attention_mask.device)
     diag = attention_mask[:, 0, i, kv_len - q_len + i]
-    return diag if diag.dtype == torch.bool else diag == 0
+    mask = diag if diag.dtype == torch.bool else diag == 0
+    found = None if bool(mask.all()) else mask
+    _LAST_MASK.set((weakref.ref(attention_mask), q_len, found))
+    return found
 
 
 def lola_attention_forward(

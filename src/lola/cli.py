@@ -81,9 +81,10 @@ def _niah(args: argparse.Namespace) -> int:
         summarize,
         summarize_by_depth,
     )
+    from lola.spec_options import given_fields
 
     options = _read_config(args.config) if args.config else {}
-    options.update({f: getattr(args, f) for f in NIAH_FIELDS if getattr(args, f) is not None})
+    options.update(given_fields(args, NIAH_FIELDS))
     batch_size = _check_int("--batch-size", options.pop("batch_size", 1) if args.batch_size is None else args.batch_size, 1)
     run = NiahRun(**options)
     out = args.out or f"results/niah-{run.task}"
@@ -425,7 +426,6 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lola`` command."""
     from lola.eval.perplexity import PPL_METHODS
     from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
-    from lola.methods import METHODS
 
     parser = OneLineParser(prog="lola", description="LoLA: linear attention that remembers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -439,31 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     niah = sub.add_parser("niah", parents=[common], help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
-    niah.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
-    niah.add_argument("--task", help="niah_single_1 (default), niah_multikey_2, niah_multikey_3 or vt")
-    niah.add_argument("--lengths", type=int, nargs="+", help="context lengths in tokens (default 1024 2048)")
-    niah.add_argument("--samples", type=int, help="samples per length, at evenly spread depths (default 5)")
-    niah.add_argument("--methods", nargs="+", help=f"any of {' '.join(METHODS)} (default all)")
-    niah.add_argument("--policies", nargs="+", help="scoring policies for the lola method (default sre)")
-    niah.add_argument("--window", type=int, help="window of the lola method (default 60)")
-    niah.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 192)")
-    niah.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
-    niah.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
-    niah.add_argument(
-        "--mixing",
-        help="mixing rule of the lola method: lola_authors, lolcats or softmax_only (default softmax_only; with --feature-maps, lola_authors, the paper's)",
-    )
-    niah.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder: trained feature maps for every method but full")
-    niah.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, help="tokens generated per answer (default 12; 64 for niah_multikey_3 and vt)")
-    niah.add_argument("--seed", type=int)
-    niah.add_argument("--haystack-file", dest="haystack_file", help="a text whose sentences replace the noise haystack (niah_single_1)")
-    niah.add_argument("--needle", help="needle template with {key} and {value} (with --question)")
-    niah.add_argument("--question", help="question template with {key} (with --needle)")
-    niah.add_argument("--answer-prefix", dest="answer_prefix", help="with --question: text that starts the answer, with {key}")
-    niah.add_argument(
-        "--budgets",
-        help="sparse budgets of the lola method: auto (default: the model's shipped calibrated budgets, else uniform), uniform, a shipped name (e.g. smollm2-135m-instruct) or a `lola calibrate` file",
-    )
+    from lola.eval.runner import NiahRun
+    from lola.spec_options import add_spec_options
+
+    add_spec_options(niah, NiahRun, NIAH_FIELDS)  # one option per field, its help and default from the spec
     niah.add_argument("--batch-size", dest="batch_size", type=int, help="samples of one length generated as one left-padded batch (default 1)")
     niah.add_argument("--config", help="a JSON or YAML file of options (also `variants`: named LoLA configs to compare); command-line options override it")
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")

@@ -72,36 +72,40 @@ class NiahRun(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str = "smollm2-135m-instruct"
-    task: str = "niah_single_1"
-    lengths: list[StrictInt] = Field(default_factory=lambda: [1024, 2048], min_length=1)
-    samples: StrictInt = Field(5, ge=1, le=1_000_000)
-    methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1)
-    policies: list[str] = Field(default_factory=lambda: ["sre"], min_length=1)
-    window: Tokens = 60
+    model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
+    task: str = Field("niah_single_1", description="niah_single_1, niah_multikey_2, niah_multikey_3 or vt")
+    lengths: list[StrictInt] = Field(default_factory=lambda: [1024, 2048], min_length=1, description="context lengths in tokens")
+    samples: StrictInt = Field(5, ge=1, le=1_000_000, description="samples per length, at evenly spread depths")
+    methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1, description=f"any of {', '.join(METHODS)}")
+    policies: list[str] = Field(default_factory=lambda: ["sre"], min_length=1, description="scoring policies of the lola method, one run each")
+    window: Tokens = Field(60, description="window of the lola method")
     # 4 + 60 + 192 = 256 exact tokens: S-NIAH-1 at 2K went from 1/20 with a 64-token sparse
     # cache to 14/20 with 192 (`lola niah --methods lola --lengths 2048 --samples 20 --sparse-size S`).
-    sparse_size: Tokens = 192
-    sinks: Tokens = 4
-    chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS)
+    sparse_size: Tokens = Field(192, description="sparse cache of the lola method (per K/V head on average with budgets)")
+    sinks: Tokens = Field(4, description="pinned first tokens")
+    chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS, description="tokens between select-and-evict steps")
     # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
     # None: softmax_only, or with feature_maps lola.resolve's default (lola_authors for LoLA, the
     # trained rule for the hybrid).
-    mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = None
+    mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
+        None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for lolcats)"
+    )
     feature_maps: str | None = Field(None, description="a `lola linearize` folder, or a shipped name, loaded into every method but full")
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
-    max_new_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS, description="None: 12 for number answers, 64 for uuids and vt")
-    seed: Seed = 0
-    haystack_file: str | None = None
-    needle: str | None = None
-    question: str | None = None
+    max_new_tokens: StrictInt | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="tokens generated per answer (none: 12 for number answers, 64 for uuids and vt)"
+    )
+    seed: Seed = Field(0, description="seed of the samples (needles, depths, haystacks)")
+    haystack_file: str | None = Field(None, description="a text whose sentences replace the noise haystack (niah_single_1)")
+    needle: str | None = Field(None, description="needle template with {key} and {value} (with --question)")
+    question: str | None = Field(None, description="question template with {key} (with --needle)")
     answer_prefix: str | None = Field(None, description="with a custom question: text that starts the answer, with {key}")
     # Calibrated budgets won the tournament at the same bytes (prose 2K: 60% against 15% for
     # uniform, 20 samples; docs/results.md). "auto": the model's shipped budgets, else uniform.
     budgets: str | None = Field(
         "auto",
-        description="sparse budgets of the lola method: 'auto' (the model's shipped budgets, if any), 'uniform' (or None), a shipped name or a `lola calibrate` file",
+        description="sparse budgets of the lola method: auto (the model's shipped calibrated budgets where they apply, else uniform), uniform, a shipped name or a `lola calibrate` file",
     )
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description="extra lola variants: name -> LoLAConfig fields (and 'budgets')")
 

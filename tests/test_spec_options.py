@@ -1,0 +1,58 @@
+"""Command-line options generated from a run's spec: every field an option, its help the
+field's description and default, nothing given → the spec's own default."""
+
+import argparse
+import typing
+
+import pytest
+from pydantic import BaseModel, Field
+
+from lola.spec_options import add_spec_options, given_fields
+
+
+class Spec(BaseModel):
+    name: str = Field("a", description="a name")
+    sizes: list[int] = Field(default_factory=lambda: [1, 2], description="sizes")
+    rule: typing.Literal["x", "y"] | None = Field(None, description="a rule")
+    rate: float = Field(0.5, description="a rate")
+
+
+def test_options_take_their_type_choices_help_and_stay_unset_when_not_given():
+    parser = argparse.ArgumentParser()
+    add_spec_options(parser, Spec, Spec.model_fields)
+    args = parser.parse_args(["--sizes", "3", "4", "--rule", "y"])
+    assert given_fields(args, Spec.model_fields) == {"sizes": [3, 4], "rule": "y"}
+    assert Spec(**given_fields(args, Spec.model_fields)) == Spec(sizes=[3, 4], rule="y")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--rule", "z"])
+    text = parser.format_help()
+    for expected in ("a name (default: a)", "sizes (default: 1 2)", "a rule (default: none)", "a rate (default: 0.5)", "{x,y}"):
+        assert expected in " ".join(text.split()), expected
+
+
+def test_a_field_without_description_or_command_line_form_is_refused():
+    class Bare(BaseModel):
+        x: int = 1
+
+    class Mapping(BaseModel):
+        m: dict[str, int] = Field(default_factory=dict, description="a mapping")
+
+    with pytest.raises(ValueError, match="Bare.x has no description"):
+        add_spec_options(argparse.ArgumentParser(), Bare, ["x"])
+    with pytest.raises(TypeError, match="Mapping.m"):
+        add_spec_options(argparse.ArgumentParser(), Mapping, ["m"])
+
+
+def test_lola_niah_offers_every_field_of_its_run_with_the_run_s_defaults(capsys):
+    from lola.cli import NIAH_FIELDS, main
+    from lola.eval.runner import NiahRun
+
+    assert set(NiahRun.model_fields) - set(NIAH_FIELDS) == {"gqa_storage", "variants"}  # set in --config files
+    with pytest.raises(SystemExit):
+        main(["niah", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in NIAH_FIELDS:
+        option = "--" + name.replace("_", "-")
+        info = NiahRun.model_fields[name]
+        assert option in text and " ".join(info.description.split()) in text, name
+    assert "(default: 60)" in text and "(default: 1024 2048)" in text and "(default: auto)" in text

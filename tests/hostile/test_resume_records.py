@@ -644,7 +644,7 @@ def test_a_run_resumed_in_a_hard_linked_copy_leaves_the_original_alone(tmp_path)
 
 
 def test_results_json_replaced_by_a_foreign_file_is_not_written_over(tmp_path):
-    from lola.eval.runner import _write_results
+    from lola.eval.niah_records import _write_results
 
     (tmp_path / "results.json").write_text('{"notes": "mine"}')
     with pytest.raises(ValueError, match="results.json exists and was not written by lola niah"):

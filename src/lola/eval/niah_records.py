@@ -1,0 +1,253 @@
+"""The records of a needle-in-a-haystack run on disk: one JSON line per sample, ``results.json``, and the checks a resume makes."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, model_validator
+
+from lola.config import validation_summary
+from lola.eval.niah_report import summarize, summarize_by_depth
+from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
+
+RESULTS_FORMAT = "lola-niah-results"
+"""The ``format`` marker of ``results.json``: a results folder without it is not lola's."""
+RESULTS_FILE = "results.json"
+SAMPLES_FILE = "samples.jsonl"
+PLOT_FILES = ("accuracy.png", "cache_bytes.png")
+
+
+Fraction = Annotated[StrictFloat, Field(ge=0, le=1)]
+Count = Annotated[StrictInt, Field(ge=0)]
+Rate = Annotated[StrictFloat, Field(ge=0)]
+
+
+class SampleRecord(BaseModel):
+    """One line of ``samples.jsonl``: the one check of every record a resume reads back.
+
+    Types are strict (a score of ``"1"`` or ``true`` is not cast) and numbers finite and in
+    range; with the run in the validation context (``{"run": NiahRun, "methods": names}``) the
+    method must be one of the run's, the length one of its lengths and the index below its
+    samples, so that a record of another run is never summarised as this one's.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    method: StrictStr
+    length: StrictInt
+    index: Count
+    depth: Fraction
+    score: Fraction
+    cache_bytes: Count
+    # Optional (older records lack them), checked when present: `lola niah` averages tokens_per_second.
+    prompt_tokens: Count | None = None
+    answers: list[StrictStr] | None = None
+    prediction: StrictStr | None = None
+    seconds: Rate | None = None
+    tokens_per_second: Rate | None = None
+
+    @model_validator(mode="after")
+    def _of_this_run(self, info: ValidationInfo) -> "SampleRecord":
+        context = info.context or {}
+        run, methods = context.get("run"), context.get("methods")
+        if methods is not None and self.method not in methods:
+            raise ValueError(f"method {self.method!r} is not one of this run's ({', '.join(methods)})")
+        if run is not None and self.length not in run.lengths:
+            raise ValueError(f"length {self.length} is not one of this run's lengths {run.lengths}")
+        if run is not None and self.index >= run.samples:
+            raise ValueError(f"index {self.index} is beyond this run's {run.samples} samples per length")
+        if run is not None and not math.isclose(self.depth, sample_depth(self.index, run.samples), rel_tol=1e-9, abs_tol=1e-12):
+            raise ValueError(
+                f"depth {self.depth} is not the depth of sample {self.index} of this run ({sample_depth(self.index, run.samples)} with {run.samples} samples)"
+            )
+        if self.prediction is not None and self.answers is not None:
+            from lola.eval.niah import string_match_all
+
+            if not self.answers:
+                raise ValueError("answers is empty")
+            expected = string_match_all(self.prediction, self.answers)
+            if not math.isclose(self.score, expected, rel_tol=1e-9, abs_tol=1e-12):
+                raise ValueError(f"score {self.score} is not what its prediction scores against its answers ({expected})")
+        return self
+
+
+def sample_depth(index: int, samples: int) -> float:
+    """The needle depth of sample ``index`` of a run of ``samples`` per length: ``(index + 0.5) / samples``
+    (:func:`niah_prompts`; a record at another depth is of another run)."""
+    return (index + 0.5) / samples
+
+
+def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, int], dict]:
+    """The finished samples in ``samples.jsonl``, each line checked by :class:`SampleRecord`
+    (against ``run`` when given); a cut-short, foreign, out-of-range or repeated line is an
+    error naming the file and the line."""
+    from lola.errors import describe_validation
+    from lola.outputs import _unique_keys
+
+    done: dict[tuple[str, int, int], dict] = {}
+    if not path.exists():
+        return done
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a lola niah samples file: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    context = {"run": run, "methods": list(method_configs(run)) if run is not None else None}
+    lines: dict[tuple[str, int, int], int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: line {number} is not a complete JSON record ({err.msg}), e.g. a sample cut short by a crash; "
+                "delete that line and run again to redo that sample"
+            ) from None
+        except ValueError as err:  # a key given twice: json would keep the last silently
+            raise ValueError(f"{path}: line {number} is not a lola niah sample ({err}); delete that line to redo that sample") from None
+        try:
+            SampleRecord.model_validate(rec, context=context)
+        except ValidationError as err:
+            raise ValueError(
+                f"{path}: line {number} is not a lola niah sample of this run ({describe_validation(err)}); delete that line to redo that sample"
+            ) from None
+        key = (rec["method"], rec["length"], rec["index"])
+        if key in lines:  # two answers to one sample: neither can be trusted over the other
+            raise ValueError(
+                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong"
+            )
+        lines[key] = number
+        done[key] = rec
+    return done
+
+
+def _is_results(data: Any) -> bool:
+    """Whether parsed JSON is a ``results.json`` of ``lola niah`` (its format marker, or the
+    ``run`` + ``versions.lola`` of files written before the marker existed)."""
+    if not isinstance(data, dict):
+        return False
+    if data.get("format") == RESULTS_FORMAT:
+        return True
+    return isinstance(data.get("run"), dict) and isinstance(data.get("versions"), dict) and "lola" in data["versions"]
+
+
+def _run_changes(saved: NiahRun, run: NiahRun) -> str:
+    """Every option in which ``run`` differs from the ``saved`` one, as ``--window: saved 60, now
+    16`` (``variants``, which only a ``--config`` file sets, by its field name)."""
+    from lola.errors import option_name
+
+    changes = []
+    for field in NiahRun.model_fields:
+        before, now = getattr(saved, field), getattr(run, field)
+        if before != now:
+            name = "variants (--config)" if field == "variants" else option_name(field)
+            changes.append(f"{name}: saved {before!r}, now {now!r}")
+    return "; ".join(changes) or "the same options compare unequal"
+
+
+PATH_OPTIONS = ("haystack_file", "feature_maps")
+"""Options naming a file or folder: a saved run and a resume compare them by content."""
+
+
+def _same_content_paths(saved: NiahRun, run: NiahRun, saved_inputs: Any, inputs: dict[str, str]) -> NiahRun:
+    """``saved`` with each path option (:data:`PATH_OPTIONS`) that names the same content as
+    ``run``'s under another path (``hay.txt`` and ``./hay.txt``, or a byte-identical copy) taken
+    from ``run``: runs are compared by the content they read, not by its spelling."""
+    if not isinstance(saved_inputs, dict):
+        return saved
+    same = {
+        field: getattr(run, field)
+        for field in PATH_OPTIONS
+        if getattr(saved, field) is not None and getattr(run, field) is not None and field in inputs and saved_inputs.get(field) == inputs[field]
+    }
+    return saved.model_copy(update=same) if same else saved
+
+
+def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any = None) -> dict[tuple[str, int, int], dict]:
+    """Check a results folder before any model work; returns the samples it already holds.
+
+    Refused, with a message naming the file: a folder that cannot be written; a
+    ``results.json`` that is truncated, garbled or not lola's (no ``format`` marker); result
+    files (``samples.jsonl``, the plots) without lola's ``results.json``; a saved run other
+    than ``run`` (naming each option that differs, saved and requested); a ``samples.jsonl``
+    line that :class:`SampleRecord` refuses for ``run`` (cut short, foreign, out of range, of
+    another method, length or index) or that repeats a sample; with ``model`` (once loaded), a
+    saved run on other weights under the same ``--model`` name (:func:`run_inputs`).
+    """
+    from lola.checksums import changed_inputs
+    from lola.outputs import check_output_folder, check_target, read_json
+
+    out = check_output_folder(out_dir)
+    for name in (RESULTS_FILE, SAMPLES_FILE, *PLOT_FILES):
+        check_target(out / name, writer="lola niah")  # no links, no folders in a result file's place
+    results = out / RESULTS_FILE
+    if results.exists():
+        if not results.is_file():
+            raise ValueError(f"{results} is not a file")
+        data = read_json(results, "a lola niah results file")
+        if not _is_results(data):
+            raise ValueError(f"{results} was not written by lola niah (no format marker {RESULTS_FORMAT!r}); move it away or use another --out")
+        saved = data.get("run")
+        if run is not None and saved is not None:
+            try:
+                saved_run = NiahRun(**saved)
+            except (ValidationError, TypeError) as err:
+                detail = validation_summary(err) if isinstance(err, ValidationError) else str(err)
+                raise ValueError(f"{results} holds a run this version of lola refuses ({detail}); use another --out") from None
+            inputs = run_inputs(run, model)
+            saved_run = _same_content_paths(saved_run, run, data.get("inputs"), inputs)
+            if saved_run != run:
+                raise ValueError(f"{out} holds a different run ({_run_changes(saved_run, run)}); resume with the same options or use another --out")
+            changed = changed_inputs(data.get("inputs"), inputs)
+            if changed:
+                option = "--" + changed[0].replace("_", "-") if "." not in changed[0] else changed[0]
+                if changed[0] == "model":
+                    raise ValueError(
+                        f"{out} holds a run of other model weights: --model {run.model} now loads weights that differ from those the run started with; "
+                        "use the same weights or another --out"
+                    )
+                raise ValueError(
+                    f"{out} holds a run on other content: {option} changed since it started (same path, other content); restore it or use another --out"
+                )
+    else:
+        foreign = [name for name in (SAMPLES_FILE, *PLOT_FILES) if (out / name).exists()]
+        if foreign:
+            raise ValueError(
+                f"{out} holds {', '.join(foreign)} but no lola {RESULTS_FILE}: not a lola niah results folder; move them away or use another --out"
+            )
+    return _load_done(out / SAMPLES_FILE, run)
+
+
+def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict, inputs: dict[str, str]) -> None:
+    import transformers
+
+    import lola
+
+    payload = {
+        "format": RESULTS_FORMAT,
+        "run": run.model_dump(),
+        "inputs": inputs,
+        "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in configs.items()},
+        "summary": {m: {str(n): v for n, v in by.items()} for m, by in summarize(records).items()},
+        "summary_by_depth": summarize_by_depth(records),
+    }
+    from lola.outputs import write_files
+
+    write_files(path.parent, {path.name: json.dumps(payload, indent=2)}, ours=_our_results, writer="lola niah")
+
+
+def _our_results(path: Path) -> bool:
+    """Whether the file at ``path`` is a ``results.json`` of ``lola niah`` (one put in its place
+    while a run generates is not replaced)."""
+    from lola.outputs import read_json
+
+    try:
+        return _is_results(read_json(path, "a lola niah results file"))
+    except (ValueError, OSError):
+        return False

@@ -1,0 +1,265 @@
+"""The needle-in-a-haystack run: its spec (:class:`NiahRun`) and the LoLA configs of its methods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, field_validator, model_validator
+
+from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
+from lola.demo import Seed
+from lola.eval.niah import check_templates
+from lola.methods import METHODS, method_config
+from lola.resolve import resolve_budgets
+
+
+def _distinct(name: str, values: list) -> list:
+    """``values`` if no entry repeats; a repeated length or method would run (and count) twice."""
+    repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"{name} must be distinct, got {values} ({', '.join(map(str, repeated))} more than once)")
+    return values
+
+
+class NiahRun(BaseModel):
+    """Everything that defines a run (saved in ``results.json``; a resumed run must match)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
+    task: str = Field("niah_single_1", description="niah_single_1, niah_multikey_2, niah_multikey_3 or vt")
+    lengths: list[StrictInt] = Field(default_factory=lambda: [1024, 2048], min_length=1, description="context lengths in tokens")
+    samples: StrictInt = Field(5, ge=1, le=1_000_000, description="samples per length, at evenly spread depths")
+    methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1, description=f"any of {', '.join(METHODS)}")
+    policies: list[str] = Field(default_factory=lambda: ["sre"], min_length=1, description="scoring policies of the lola method, one run each")
+    window: Tokens = Field(60, description="window of the lola method")
+    # 4 + 60 + 192 = 256 exact tokens: S-NIAH-1 at 2K went from 1/20 with a 64-token sparse
+    # cache to 14/20 with 192 (`lola niah --methods lola --lengths 2048 --samples 20 --sparse-size S`).
+    sparse_size: Tokens = Field(192, description="sparse cache of the lola method (per K/V head on average with budgets)")
+    sinks: Tokens = Field(4, description="pinned first tokens")
+    chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS, description="tokens between select-and-evict steps")
+    # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
+    # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
+    # None: softmax_only, or with feature_maps lola.resolve's default (lola_authors for LoLA, the
+    # trained rule for the hybrid).
+    mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
+        None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for lolcats)"
+    )
+    feature_maps: str | None = Field(None, description="a `lola linearize` folder, or a shipped name, loaded into every method but full")
+    gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
+    max_new_tokens: StrictInt | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="tokens generated per answer (none: 12 for number answers, 64 for uuids and vt)"
+    )
+    seed: Seed = Field(0, description="seed of the samples (needles, depths, haystacks)")
+    haystack_file: str | None = Field(None, description="a text whose sentences replace the noise haystack (niah_single_1)")
+    needle: str | None = Field(None, description="needle template with {key} and {value} (with --question)")
+    question: str | None = Field(None, description="question template with {key} (with --needle)")
+    answer_prefix: str | None = Field(None, description="with a custom question: text that starts the answer, with {key}")
+    # Calibrated budgets won the tournament at the same bytes (prose 2K: 60% against 15% for
+    # uniform, 20 samples; docs/results.md). "auto": the model's shipped budgets, else uniform.
+    budgets: str | None = Field(
+        "auto",
+        description="sparse budgets of the lola method: auto (the model's shipped calibrated budgets where they apply, else uniform), uniform, a shipped name or a `lola calibrate` file",
+    )
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description="extra lola variants: name -> LoLAConfig fields (and 'budgets')")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        from lola.eval.niah import TASKS
+
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
+        return task
+
+    @field_validator("haystack_file")
+    @classmethod
+    def _readable_haystack(cls, path: str | None) -> str | None:
+        if path is not None:
+            from lola.data import read_text_file
+
+            p = Path(path)
+            if not p.is_file():
+                raise ValueError(f"haystack file {path!r} does not exist")
+            if not read_text_file(p).strip():  # binary or non-UTF-8 text is refused, naming the file
+                raise ValueError(f"haystack file {path!r} is empty")
+        return path
+
+    @field_validator("feature_maps")
+    @classmethod
+    def _feature_maps_folder(cls, path: str | None) -> str | None:
+        from lola.pretrained.shipped import SHIPPED
+
+        if path is not None and path not in SHIPPED and not (Path(path) / "feature_maps.safetensors").is_file():
+            raise ValueError(f"{path!r} is not a feature-map folder (no feature_maps.safetensors; create it with `lola linearize --out {path}`)")
+        return path
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _room_for_a_prompt(cls, tokens: int | None, info: ValidationInfo) -> int | None:
+        # A length counts the prompt and the answer: checked here, before any model loads,
+        # rather than when the first prompt is built.
+        lengths = info.data.get("lengths")
+        if tokens is not None and lengths and tokens >= min(lengths):
+            raise ValueError(f"must be smaller than the shortest of lengths {lengths} (a length holds the prompt and the answer), got {tokens}")
+        return tokens
+
+    @model_validator(mode="after")
+    def _variants_need_lola(self) -> "NiahRun":
+        # Variants are LoLA configs: without the lola method they would be dropped unread.
+        if self.variants and "lola" not in self.methods:
+            raise ValueError(f"variants ({', '.join(self.variants)}) run with the lola method only: add lola to methods {self.methods} or remove the variants")
+        if self.max_new_tokens is None and self.new_tokens >= min(self.lengths):
+            raise ValueError(
+                f"lengths {self.lengths} leave no room for a prompt beside the {self.new_tokens} tokens a {self.task} answer gets "
+                "(max_new_tokens unset); give longer lengths or a smaller max_new_tokens"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _custom_needle(self) -> "NiahRun":
+        if (self.needle is None) != (self.question is None):
+            raise ValueError("needle and question must be given together")
+        check_templates(self.needle, self.question, self.answer_prefix)  # before any model loads
+        if (self.haystack_file or self.needle) and self.task != "niah_single_1":
+            raise ValueError("haystack_file, needle and question apply to niah_single_1 only")
+        if self.answer_prefix is not None and self.question is None:
+            raise ValueError("answer_prefix needs a custom question (the default template has its own)")
+        method_configs(self)  # every variant and budget must build (errors name the field)
+        return self
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens generated per answer."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return 64 if self.task in ("niah_multikey_3", "vt") else 12  # a uuid is ~40 SmolLM2 tokens
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, methods: list[str]) -> list[str]:
+        bad = [m for m in methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"unknown methods {bad}; available: {', '.join(METHODS)}")
+        return _distinct("methods", methods)
+
+    @field_validator("policies")
+    @classmethod
+    def _known_policies(cls, names: list[str]) -> list[str]:
+        from lola import policies
+
+        bad = [p for p in names if p not in policies.available()]
+        if bad:
+            raise ValueError(f"unknown policies {bad}; available: {', '.join(policies.available())}")
+        return _distinct("policies", names)
+
+    @field_validator("lengths")
+    @classmethod
+    def _positive_lengths(cls, lengths: list[int]) -> list[int]:
+        if any(n < 64 for n in lengths):
+            raise ValueError(f"lengths must be >= 64 tokens, got {lengths}")
+        if any(n > MAX_TOKENS for n in lengths):
+            raise ValueError(f"lengths must be <= {MAX_TOKENS} tokens, got {lengths}")
+        return _distinct("lengths", lengths)
+
+    @property
+    def budget(self) -> int:
+        """Exact tokens of every method but ``full``."""
+        return self.sinks + self.window + self.sparse_size
+
+
+def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
+    """The ``lola`` method as ``lola niah`` runs it by default for ``model``: :class:`NiahRun`'s
+    window, sparse cache, sinks and chunk, the model's shipped budgets if it has any
+    (``budgets="auto"``); with ``trained_maps`` (``--feature-maps``) the rule is left for
+    :mod:`lola.resolve` (the paper's), without them it is ``softmax_only``."""
+    d = {name: field.default for name, field in NiahRun.model_fields.items()}
+    cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
+    return resolve_budgets(cfg, d["budgets"], model)
+
+
+def check_budgets(run: NiahRun, model: Any) -> None:
+    """Refuse budgets calibrated for another model (another number of layers or K/V heads),
+    naming the option that set them (``--budgets``, or ``variants.NAME.budgets``)."""
+    from lola import budgets as head_budgets
+    from lola.errors import about
+    from lola.pretrained.folder import model_geometry
+
+    named = {"--budgets": run.budgets, **{f"variants.{name}.budgets": v.get("budgets") for name, v in run.variants.items()}}
+    if not any(b not in (None, "uniform", "auto") for b in named.values()):
+        return
+    geometry = model_geometry(model)
+    for option, budgets in named.items():
+        if budgets not in (None, "uniform", "auto"):
+            with about(f"{option} {budgets}"):
+                head_budgets.load(budgets).check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
+
+
+def run_inputs(run: NiahRun, model: Any = None) -> dict[str, str]:
+    """Fingerprints, by content, of what a run reads besides its options: the haystack, the
+    feature maps (folder or shipped name), budget files (the run's and its variants') and, once
+    it is loaded, the model's weights (``model``, :func:`lola.checksums.weights_digest`).
+    Saved in ``results.json``; a resume on other content under the same path or name is refused."""
+    from lola.checksums import content_digest
+    from lola.pretrained.shipped import resolve_feature_maps
+
+    inputs = {}
+    if model is not None:
+        from lola.checksums import weights_digest
+
+        inputs["model"] = weights_digest(model)
+    if run.haystack_file is not None:
+        inputs["haystack_file"] = content_digest(run.haystack_file)
+    if run.feature_maps is not None:
+        inputs["feature_maps"] = content_digest(resolve_feature_maps(run.feature_maps))
+    budgets = {"budgets": run.budgets, **{f"variants.{name}.budgets": v.get("budgets") for name, v in run.variants.items()}}
+    for key, value in budgets.items():
+        if isinstance(value, str) and Path(value).is_file():
+            inputs[key] = content_digest(value)
+    return inputs
+
+
+def _policy_defaults(policy: str, run: NiahRun) -> dict[str, Any]:
+    """Options a policy named in ``policies`` needs from the run: the ``learned`` policy gets the
+    shipped scorer of the model (:func:`lola.scorers.default_scorer`)."""
+    if policy != "learned":
+        return {}
+    from lola.scorers import default_scorer
+
+    return {"policy_kwargs": {"scorer": default_scorer(run.model, run.feature_maps)}}
+
+
+def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
+    """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods, built by
+    :func:`lola.methods.method_config`; ``lola`` is run once per policy (``lola-<policy>``) and
+    once per variant (``lola-<name>``)."""
+    # With trained feature maps an unset mixing rule is decided when they are loaded (lola.resolve).
+    settings = dict(
+        window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
+    )
+    common = {"gqa_storage": run.gqa_storage}
+    out: dict[str, LoLAConfig | None] = {}
+    for method in run.methods:
+        if method != "lola":
+            out[method] = method_config(method, **settings, overrides=common)
+            continue
+        for policy in run.policies:
+            overrides = {**common, **_policy_defaults(policy, run)}
+            out[f"lola-{policy}"] = resolve_budgets(method_config("lola", policy=policy, **settings, overrides=overrides), run.budgets, run.model)
+        for name, fields in run.variants.items():
+            fields = dict(fields)
+            budgets = fields.pop("budgets", None)
+            try:
+                cfg = method_config("lola", **settings, overrides={**common, **fields})
+            except ValidationError as err:
+                raise ValueError(f"variant {name!r}: {validation_summary(err)}") from None
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"variant {name!r}: {err}") from None
+            try:
+                out[f"lola-{name}"] = resolve_budgets(cfg, budgets, run.model)
+            except ValidationError as err:
+                raise ValueError(f"variants.{name}.budgets {budgets!r}: {validation_summary(err)}") from None
+            except (ValueError, TypeError, OSError) as err:
+                raise ValueError(f"variants.{name}.budgets {budgets!r}: {err}") from None
+    return out

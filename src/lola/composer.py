@@ -420,19 +420,13 @@ class LoLAMemory:
                 pos = torch.where(active, self.seen[:, None] + j, -1)
                 k_c, v_c = take_tokens(kp, idx), take_tokens(vp, idx)
 
-            taken = self.sinks.write(k_c, v_c, pos)
-            self.window.append(k_c, v_c, torch.where(taken, -1, pos))
+            q_c = (qp.narrow(2, offset, L) if uniform else take_tokens(qp, idx)) if self.queries is not None else None
+            self._write_block(k_c, v_c, pos, length, q_c, active)
             # The carried query and this block's queries up to (not including) a stepping one.
             stepped = int(any_step) if uniform else stepping.long()
             reads.add(offset - carried, carried + length - stepped)
-            self._advance(length)
-            if self.queries is not None:
-                if uniform:
-                    self.queries.update(qp.narrow(2, offset, L), torch.ones(b, L, dtype=torch.bool, device=device))
-                else:
-                    self.queries.update(take_tokens(qp, idx), active)
             if any_step:
-                self.linear.write(*self._select(stepping, feature_map_k, scale))
+                self._step(stepping, feature_map_k, scale)
             offset, carried = offset + length, stepped
             if not uniform:
                 remaining = remaining - length
@@ -483,31 +477,52 @@ class LoLAMemory:
         if not self.decodes_fused:
             raise RuntimeError(f"{self!r} cannot use the fused decode step (custom exact memories or attention-scored policy): use attend()")
         seen = self._seen
-        lo, hi = self._host_seen_range()
-        pos = seen[:, None]  # [B, 1]
-        # Rows in step write one ring slot, known on the host.
-        slot = seen if lo != hi else lo % self.window.capacity
-        if lo < self.sinks.capacity:  # some row still fills its sinks: the general write
-            taken = self.sinks.write(k, v, pos)
-            self.window.append(k, v, torch.where(taken, -1, pos))
-        elif hasattr(self.window, "push"):
-            self.window.push(k, v, pos, slot)
-        else:  # a custom window without the in-place path
-            self.window.append(k, v, pos)
         # The schedule is asked on the host (counts kept there), once per step of some row.
         due = self._host_due()
         stepping = torch.tensor([d == 1 for d in due], device=seen.device) if 1 in due else None
-        self._advance(1)
+        self._write_block(k, v, seen[:, None], 1, q)
         # After a step the schedule is asked again now, at the step, not on the next token.
         self._due = [d - 1 for d in due] if stepping is None else self._host_due()
-        if self.queries is not None:
-            self.queries.update(q, torch.ones_like(pos, dtype=torch.bool))
         if stepping is not None:
-            self.linear.write(*self._select(stepping, feature_map_k, scale))
+            self._step(stepping, feature_map_k, scale)
         # Every stored slot is at or before the new token, so all are visible to it.
         block = self._exact_slots()
         H, s = self.linear.state if fq is not None else (None, None)
         return decode_step(q[:, :, 0], block.k, block.v, block.pos, None if fq is None else fq[:, :, 0], H, s, gate, mixing, scale, check=False)
+
+    def _write_block(
+        self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: int | torch.Tensor, q: torch.Tensor | None, active: torch.Tensor | None = None
+    ) -> None:
+        """Take in a block of tokens, the one write of prefill and decode alike: sinks take the
+        positions below their capacity, the window the rest (one token per row past the sinks
+        goes into its ring slot in place), each row's count advances by ``length``, and the
+        query statistics (if any) see the block's queries.
+
+        Args:
+            k, v: ``[B, Hs, L, D]``; pos: ``[B, L]`` int64 positions, ``-1`` for entries that are
+                not tokens (padding).
+            length: tokens per row, an int when every row takes ``L``, else ``[B]``.
+            q: ``[B, H, L, D]`` the block's queries (for the statistics), or ``None``.
+            active: ``[B, L]`` bool real entries, ``None`` when all are.
+        """
+        lo, hi = self._host_seen_range()
+        past_sinks = lo >= self.sinks.capacity  # every row is past its sinks: none takes a token
+        if past_sinks and k.shape[2] == 1 and active is None and hasattr(self.window, "push"):
+            # Decode: rows in step write one ring slot known on the host, the others their own.
+            self.window.push(k, v, pos, lo % self.window.capacity if lo == hi else self._seen)
+        elif past_sinks:
+            self.window.append(k, v, pos)
+        else:
+            taken = self.sinks.write(k, v, pos)
+            self.window.append(k, v, torch.where(taken, -1, pos))
+        self._advance(length)
+        if self.queries is not None and q is not None:
+            self.queries.update(q, active if active is not None else torch.ones(pos.shape, dtype=torch.bool, device=pos.device))
+
+    def _step(self, stepping: torch.Tensor, feature_map_k: FeatureFn, scale: float) -> None:
+        """Select-and-evict for the rows in ``stepping [B]``, the survivors' rest folded into the
+        linear state: the one step of prefill and decode alike."""
+        self.linear.write(*self._select(stepping, feature_map_k, scale))
 
     def _exact_slots(self) -> KVBlock:
         """Every exact slot, ``[sinks | sparse | window]``, as one block for the decode step.

@@ -192,3 +192,18 @@ def test_validation_messages():
         K.decode_step(**x, mixing="softmax", scale=1.0)
     with pytest.raises(ValueError, match=r"k_pos must be an integer"):
         K.decode_step(**{**x, "k_pos": x["k_pos"].float()}, mixing="lolcats", scale=1.0)
+
+
+def test_the_reference_decode_step_compiles_as_one_graph_on_cpu():
+    """torch.compile traces the decode step whole (no graph break: no host read, no Python
+    branch on a tensor value), and the compiled step equals the eager one."""
+    from lola.kernels.decode_step.reference import decode_step
+
+    B, H, Hs, N, D, F = 2, 4, 2, 24, 16, 32
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(B, H, D, generator=g), torch.randn(B, Hs, N, D, generator=g), torch.randn(B, Hs, N, D, generator=g)
+    pos = torch.randint(-1, 50, (B, Hs, N), generator=g)
+    fq, Hm, s, gate = torch.rand(B, H, F, generator=g), torch.rand(B, H, F, D, generator=g), torch.rand(B, H, F, generator=g), torch.rand(H, generator=g)
+    compiled = torch.compile(decode_step, fullgraph=True, dynamic=False)
+    got = compiled(q, k, v, pos, fq, Hm, s, gate, "lola_authors", 0.25)
+    torch.testing.assert_close(got, decode_step(q, k, v, pos, fq, Hm, s, gate, "lola_authors", 0.25), rtol=1e-5, atol=1e-6)

@@ -88,7 +88,7 @@ def test_niah_and_the_lm_eval_model_resolve_budgets_alike():
     from lola.integrations.lm_eval.model import lola_config_from_args
 
     for gqa_storage in ("kv_head", "query_head"):
-        run = NiahRun(model=SHIPPED, methods=["lola"], gqa_storage=gqa_storage)
+        run = NiahRun(model=SHIPPED, methods=["lola"], policies=["sre"], gqa_storage=gqa_storage)
         niah = method_configs(run)["lola-sre"]
         fields = niah.model_dump(exclude_unset=True)
         fields.pop("layer_overrides", None)
@@ -96,4 +96,4 @@ def test_niah_and_the_lm_eval_model_resolve_budgets_alike():
         assert lm_eval == niah, gqa_storage
     # the run's own unset fields stay unset through the budgets (trained maps fill the rule)
     run = NiahRun(model=SHIPPED, methods=["lola"], feature_maps=SHIPPED)
-    assert "mixing" not in method_configs(run)["lola-sre"].model_fields_set
+    assert "mixing" not in method_configs(run)["lola-learned"].model_fields_set

@@ -102,7 +102,7 @@ def test_config_file_with_command_line_override(tmp_path, fmt, monkeypatch):
 
 @pytest.mark.parametrize("task", ["niah_multikey_2", "niah_multikey_3", "vt"])
 def test_other_tasks_run_end_to_end(tmp_path, task):
-    run = NiahRun(task=task, lengths=[300], samples=1, methods=["full", "lola"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2, budgets="uniform")
+    run = NiahRun(task=task, lengths=[300], samples=1, methods=["full", "lola"], policies=["sre"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2, budgets="uniform")
     records = run_niah(run, tiny("llama"), TinyTokenizer(), tmp_path, progress=False)
     assert len(records) == 2 and all(r["answers"] for r in records)
 
@@ -148,6 +148,7 @@ def test_variants_and_budgets_build_named_methods(tmp_path):
         lengths=[200],
         samples=1,
         methods=["lola"],
+        policies=["sre"],
         window=8,
         sparse_size=8,
         sinks=2,
@@ -181,11 +182,11 @@ def test_summary_has_wilson_intervals():
 
 def test_auto_budgets_are_the_models_shipped_ones():
     # The default: calibrated budgets for a model that has them, uniform for any other.
-    shipped = method_configs(NiahRun(methods=["lola"]))["lola-sre"]
+    shipped = method_configs(NiahRun(methods=["lola"], policies=["sre"]))["lola-sre"]
     assert shipped.for_layer(17).sparse_size_per_head == lola.budgets.load("smollm2-135m-instruct").sparse_size_per_head[17]
     other = method_configs(NiahRun(model="some/other-model", methods=["lola"]))["lola-sre"]
     assert other.layer_overrides == {} and other.sparse_size == 192
-    uniform = method_configs(NiahRun(methods=["lola"], budgets="uniform"))["lola-sre"]
+    uniform = method_configs(NiahRun(methods=["lola"], policies=["sre"], budgets="uniform"))["lola-sre"]
     assert uniform.layer_overrides == {}
 
 
@@ -202,3 +203,19 @@ def test_the_learned_policy_gets_the_models_shipped_scorer(monkeypatch):
     assert scorers.default_scorer("some/model", "a-folder") == "some/model"
     with pytest.raises(ValueError, match="no scorer ships for model 'other/model'"):
         method_configs(NiahRun(model="other/model", methods=["lola"], policies=["learned"], budgets="uniform"))
+
+
+def test_the_default_policy_is_the_learned_scorer_where_one_ships():
+    """The tournament's winner (docs/results.md, "A learned scorer") is the default where a scorer
+    ships for the model (the linearized model reads the stock one); any other model keeps sre;
+    a named policy is kept; the policy that ran is recorded in the run."""
+    from lola.scorers import available
+
+    assert "smollm2-135m-instruct" in available()
+    assert NiahRun().policies == ["learned"]
+    assert NiahRun(feature_maps="smollm2-135m-instruct").policies == ["learned"]
+    assert NiahRun(model="tiny-random-llama").policies == ["sre"]
+    assert NiahRun(policies=["sre"]).policies == ["sre"]
+    cfg = method_configs(NiahRun(methods=["lola"]))["lola-learned"]
+    assert cfg.policy == "learned" and cfg.policy_kwargs == {"scorer": "smollm2-135m-instruct"}
+    assert NiahRun.model_validate(NiahRun().model_dump()).policies == ["learned"]  # a saved run reads back as it ran

@@ -178,7 +178,7 @@ def test_niah_methods_take_the_default_rule_per_method_unless_told_otherwise(tra
     from lola.eval.runner import NiahRun, method_configs
 
     out, _ = trained
-    small = dict(window=8, sparse_size=8, sinks=2, chunk=8, budgets="uniform")
+    small = dict(window=8, sparse_size=8, sinks=2, chunk=8, budgets="uniform", policies=["sre"])
     cfgs = method_configs(NiahRun(feature_maps=str(out), **small))
     assert "mixing" not in cfgs["lolcats"].model_fields_set and "mixing" not in cfgs["lola-sre"].model_fields_set
     assert cfgs["window"].mixing == "softmax_only"

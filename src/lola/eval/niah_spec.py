@@ -32,7 +32,13 @@ class NiahRun(BaseModel):
     lengths: list[StrictInt] = Field(default_factory=lambda: [1024, 2048], min_length=1, description="context lengths in tokens")
     samples: StrictInt = Field(5, ge=1, le=1_000_000, description="samples per length, at evenly spread depths")
     methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1, description=f"any of {', '.join(METHODS)}")
-    policies: list[str] = Field(default_factory=lambda: ["sre"], min_length=1, description="scoring policies of the lola method, one run each")
+    # The learned scorer won the tournament at the same bytes and samples (docs/results.md, "A
+    # learned scorer"): the default where one ships for the model, else self-recall error.
+    policies: list[str] = Field(
+        default_factory=lambda: ["learned"],
+        min_length=1,
+        description="scoring policies of the lola method, one run each (by default learned where a scorer ships for the model, else sre)",
+    )
     window: Tokens = Field(60, description="window of the lola method")
     # 4 + 60 + 192 = 256 exact tokens: S-NIAH-1 at 2K went from 1/20 with a 64-token sparse
     # cache to 14/20 with 192 (`lola niah --methods lola --lengths 2048 --samples 20 --sparse-size S`).
@@ -104,6 +110,15 @@ class NiahRun(BaseModel):
         if tokens is not None and lengths and tokens >= min(lengths):
             raise ValueError(f"must be smaller than the shortest of lengths {lengths} (a length holds the prompt and the answer), got {tokens}")
         return tokens
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_policies(cls, data: Any) -> Any:
+        # Decided here, from the model and maps the run names, so that results.json records the
+        # policy that ran (and a run of a model without a shipped scorer still runs, with sre).
+        if isinstance(data, dict) and data.get("policies") is None:
+            data = {**data, "policies": [default_policy(data.get("model", cls.model_fields["model"].default), data.get("feature_maps"))]}
+        return data
 
     @model_validator(mode="after")
     def _variants_need_lola(self) -> "NiahRun":
@@ -218,6 +233,18 @@ def run_inputs(run: NiahRun, model: Any = None) -> dict[str, str]:
         if isinstance(value, str) and Path(value).is_file():
             inputs[key] = content_digest(value)
     return inputs
+
+
+def default_policy(model: Any, feature_maps: Any = None) -> str:
+    """The scoring policy ``lola niah`` runs when none is named: ``learned`` when a scorer ships
+    for ``model`` (:func:`lola.scorers.default_scorer`), else ``sre``."""
+    from lola.scorers import default_scorer
+
+    try:
+        default_scorer(model, feature_maps)
+    except (ValueError, TypeError):
+        return "sre"
+    return "learned"
 
 
 def _policy_defaults(policy: str, run: NiahRun) -> dict[str, Any]:

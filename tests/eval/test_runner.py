@@ -102,7 +102,19 @@ def test_config_file_with_command_line_override(tmp_path, fmt, monkeypatch):
 
 @pytest.mark.parametrize("task", ["niah_multikey_2", "niah_multikey_3", "vt"])
 def test_other_tasks_run_end_to_end(tmp_path, task):
-    run = NiahRun(task=task, lengths=[300], samples=1, methods=["full", "lola"], policies=["sre"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2, budgets="uniform")
+    run = NiahRun(
+        task=task,
+        lengths=[300],
+        samples=1,
+        methods=["full", "lola"],
+        policies=["sre"],
+        window=8,
+        sparse_size=8,
+        sinks=2,
+        chunk=8,
+        max_new_tokens=2,
+        budgets="uniform",
+    )
     records = run_niah(run, tiny("llama"), TinyTokenizer(), tmp_path, progress=False)
     assert len(records) == 2 and all(r["answers"] for r in records)
 

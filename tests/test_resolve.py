@@ -97,3 +97,40 @@ def test_niah_and_the_lm_eval_model_resolve_budgets_alike():
     # the run's own unset fields stay unset through the budgets (trained maps fill the rule)
     run = NiahRun(model=SHIPPED, methods=["lola"], feature_maps=SHIPPED)
     assert "mixing" not in method_configs(run)["lola-learned"].model_fields_set
+
+
+def test_niah_perplexity_and_the_lm_eval_model_resolve_one_config_alike():
+    # one resolution (lola.resolve.resolve_config): the same fields and budgets give the same
+    # config whichever command asks
+    from lola.eval.perplexity import PerplexityRun, perplexity_configs
+    from lola.eval.runner import NiahRun, method_configs
+    from lola.integrations.lm_eval.model import lola_config_from_args
+
+    for budgets in ("auto", "uniform"):
+        niah = method_configs(NiahRun(model=SHIPPED, methods=["lola"], policies=["sre"], budgets=budgets))["lola-sre"]
+        ppl = perplexity_configs(PerplexityRun(model=SHIPPED, methods=["lola"], window=niah.window, sparse_size=niah.sparse_size, budgets=budgets))["lola"]
+        assert ppl.layer_overrides == niah.layer_overrides, budgets
+        fields = niah.model_dump(exclude_unset=True)
+        fields.pop("layer_overrides", None)
+        assert lola_config_from_args(fields, model_name=SHIPPED, budgets=budgets)[0] == resolve_config(fields, model=SHIPPED, budgets=budgets) == niah
+    calibrated = perplexity_configs(PerplexityRun(model=SHIPPED, methods=["lolcats", "lola"], budgets=SHIPPED))
+    assert calibrated["lolcats"].layer_overrides == {} and calibrated["lola"].layer_overrides  # the sparse cache's budgets alone
+
+
+def test_resolve_config_applies_budgets_before_the_maps_decide_the_rule():
+    from types import SimpleNamespace
+
+    seen = []
+
+    def merge_into(config):  # what FeatureMaps.merge_into does with the rule: the config as it will run
+        seen.append(config)
+        return resolve_mixing(config, "lolcats")
+
+    maps = SimpleNamespace(merge_into=merge_into)
+    cfg = resolve_config({"sparse_size": 192}, model=SHIPPED, feature_maps=maps, budgets="auto")
+    assert seen[0].layer_overrides and cfg.mixing == PAPER_MIXING
+    hybrid = resolve_config({"sparse_size": 0}, feature_maps=maps)
+    assert hybrid.mixing == "lolcats"
+    # without maps an unset rule stays unset: maps applied later still decide it
+    assert "mixing" not in resolve_config({"sparse_size": 4}, model=SHIPPED, budgets="auto").model_fields_set
+    assert resolve_config({"sparse_size": 4}, "lolcats").mixing == PAPER_MIXING

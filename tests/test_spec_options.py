@@ -56,3 +56,35 @@ def test_lola_niah_offers_every_field_of_its_run_with_the_run_s_defaults(capsys)
         info = NiahRun.model_fields[name]
         assert option in text and " ".join(info.description.split()) in text, name
     assert "(default: 60)" in text and "(default: 1024 2048)" in text and "(default: auto)" in text
+
+
+@pytest.mark.parametrize("command", ["perplexity", "calibrate", "fit-scorer"])
+def test_other_commands_offer_their_spec_s_fields_with_its_defaults(command, capsys):
+    from lola.cli import PERPLEXITY_FIELDS, main
+    from lola.eval.calibrate import CalibrateSpec
+    from lola.eval.perplexity import PerplexityRun
+    from lola.scorers.fit import FitSpec
+
+    spec, fields = {
+        "perplexity": (PerplexityRun, PERPLEXITY_FIELDS),
+        "calibrate": (CalibrateSpec, tuple(CalibrateSpec.model_fields)),
+        "fit-scorer": (FitSpec, tuple(FitSpec.model_fields)),
+    }[command]
+    if command == "perplexity":
+        assert set(spec.model_fields) - set(fields) == {"heldout_fraction"}
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in fields:
+        info = spec.model_fields[name]
+        default = info.default_factory() if info.default_factory else info.default
+        shown = "none" if default is None else " ".join(map(str, default)) if isinstance(default, list) else str(default)
+        assert "--" + name.replace("_", "-") in text and f"{' '.join(info.description.split())} (default: {shown})" in text, name
+
+
+def test_perplexity_keeps_its_length_option_as_an_alias():
+    from lola.cli import PERPLEXITY_FIELDS, build_parser
+    from lola.spec_options import given_fields
+
+    args = build_parser().parse_args(["perplexity", "--length", "96", "128"])
+    assert given_fields(args, PERPLEXITY_FIELDS) == {"lengths": [96, 128]}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -248,27 +247,31 @@ def _is_perplexity_results(path: Path) -> bool:
     return data.get("format") == PERPLEXITY_FORMAT or legacy
 
 
+PERPLEXITY_FIELDS = (
+    "model",
+    "lengths",
+    "methods",
+    "feature_maps",
+    "window",
+    "sparse_size",
+    "sinks",
+    "chunk",
+    "policy",
+    "mixing",
+    "budgets",
+    "windows",
+    "text",
+    "generate",
+    "generate_windows",
+)
+
+
 def _perplexity(args: argparse.Namespace) -> int:
     from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
     from lola.outputs import check_output_file
+    from lola.spec_options import given_fields
 
-    fields = (
-        "model",
-        "lengths",
-        "methods",
-        "feature_maps",
-        "window",
-        "sparse_size",
-        "sinks",
-        "chunk",
-        "policy",
-        "mixing",
-        "windows",
-        "text",
-        "generate",
-        "generate_windows",
-    )
-    run = PerplexityRun(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+    run = PerplexityRun(**given_fields(args, PERPLEXITY_FIELDS))
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
@@ -299,36 +302,25 @@ def _perplexity(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from lola.eval.calibrate import calibrate
-    from lola.outputs import check_output_file
+    from pydantic import ValidationError
 
-    for name in ("length", "prompts"):
-        _check_int(f"--{name}", getattr(args, name), 1)
-    for name in ("sparse_size", "floor"):
-        _check_int(f"--{name.replace('_', '-')}", getattr(args, name), 0)
-    if args.floor > args.sparse_size:
-        raise ValueError(f"--floor must be <= --sparse-size ({args.sparse_size}), got {args.floor}")
-    if not math.isfinite(args.power) or args.power < 0:
-        raise ValueError(f"--power must be a finite number >= 0, got {args.power}")
+    from lola.eval.calibrate import CalibrateSpec, calibrate
+    from lola.outputs import check_output_file
+    from lola.spec_options import given_fields
+
+    try:  # one left unset takes the spec's default
+        spec = CalibrateSpec(**given_fields(args, CalibrateSpec.model_fields))
+    except ValidationError as err:
+        raise ValueError(describe_validation(err, option_name)) from None
     from lola.budgets import is_budgets_file
 
     out = check_output_file(args.out, ours=is_budgets_file, writer="lola calibrate")
     from lola import models
 
     with about("--model"):
-        model, tok = models.load(args.model)
+        model, tok = models.load(spec.model)
     args.interrupted_hint = "nothing was written"
-    budgets = calibrate(
-        model,
-        tok,
-        model_name=args.model,
-        length=args.length,
-        prompts=args.prompts,
-        sparse_size=args.sparse_size,
-        power=args.power,
-        floor=args.floor,
-        seed=args.seed,
-    )
+    budgets = calibrate(model, tok, model_name=spec.model, **spec.model_dump(exclude={"model"}))
     budgets.save(out)
     print(budgets.summary())
     print(f"\nbudgets: {out} (use with `lola niah --budgets {out}` or lola.budgets.load)")
@@ -339,9 +331,10 @@ def _fit_scorer(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from lola.scorers.fit import FitSpec, fit_scorer, format_report
+    from lola.spec_options import given_fields
 
     try:  # the options are FitSpec's fields by name; one left unset takes the spec's default
-        spec = FitSpec(**{name: getattr(args, name) for name in FitSpec.model_fields if getattr(args, name) is not None})
+        spec = FitSpec(**given_fields(args, FitSpec.model_fields))
     except ValidationError as err:
         raise ValueError(describe_validation(err, option_name)) from None
     from lola import models
@@ -355,13 +348,13 @@ def _fit_scorer(args: argparse.Namespace) -> int:
         if source not in CORPORA and not Path(source).expanduser().exists():
             raise ValueError(f"--text {source!r} is neither a file, a folder, nor a registered corpus ({', '.join(sorted(CORPORA))})")
     maps = None
-    if args.feature_maps is not None:
+    if spec.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
         with about("--feature-maps"):
-            maps = read_feature_maps(args.feature_maps)
+            maps = read_feature_maps(spec.feature_maps)
     with about("--model"):
-        model, tok = models.load(args.model)
+        model, tok = models.load(spec.model)
     if maps is not None and maps.lora is not None:
         from lola.pretrained.lora import merge_lora
 
@@ -424,7 +417,6 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lola`` command."""
-    from lola.eval.perplexity import PPL_METHODS
     from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 
     parser = OneLineParser(prog="lola", description="LoLA: linear attention that remembers.")
@@ -504,39 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
     lin.set_defaults(func=_linearize)
 
     cal = sub.add_parser("calibrate", parents=[common], help="find the retrieval heads of a model and write per-head sparse budgets")
-    cal.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    from lola.eval.calibrate import CalibrateSpec
+
+    add_spec_options(cal, CalibrateSpec, CalibrateSpec.model_fields)
     cal.add_argument("--out", required=True, help="budgets JSON file to write (use with `lola niah --budgets FILE`)")
-    cal.add_argument("--length", type=int, default=2048, help="tokens per calibration prompt (default 2048)")
-    cal.add_argument("--prompts", type=int, default=16, help="calibration prompts (default 16)")
-    cal.add_argument("--sparse-size", dest="sparse_size", type=int, default=192, help="the uniform sparse size to redistribute (default 192)")
-    cal.add_argument("--power", type=float, default=0.5, help="budget ∝ score ** power (default 0.5)")
-    cal.add_argument("--floor", type=int, default=0, help="sparse slots every head keeps (default 0)")
-    cal.add_argument("--seed", type=int, default=0)
     cal.set_defaults(func=_calibrate)
 
     fit = sub.add_parser("fit-scorer", parents=[common], help="fit a learned token scorer (the `learned` policy) to a model's attention on text")
-    fit.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
-    fit.add_argument(
-        "--feature-maps", dest="feature_maps", help="a `lola linearize` folder or shipped name: fit to the attention of the model with its LoRA merged"
-    )
+    from lola.scorers.fit import FitSpec
+
+    add_spec_options(fit, FitSpec, FitSpec.model_fields)
     fit.add_argument("--out", required=True, help="scorer file to write (.safetensors); OUT.partial holds the progress, and the same command resumes from it")
-    fit.add_argument(
-        "--target",
-        choices=["future", "kvzip"],
-        default="future",
-        help="future: attention from queries beyond --min-distance; kvzip: attention while the model repeats the text (default future)",
-    )
-    fit.add_argument("--text", nargs="+", default=None, help="corpora or text files to fit on (default: the registered book corpora, without pydoc)")
-    fit.add_argument("--length", type=int, default=2048, help="tokens per chunk (default 2048)")
-    fit.add_argument("--documents", type=int, default=32, help="training chunks (default 32)")
-    fit.add_argument("--heldout", type=int, default=8, help="held-out chunks for the report (default 8)")
-    fit.add_argument(
-        "--min-distance", dest="min_distance", type=int, default=64, help="future target: queries at least this far after the key (default 64, the window)"
-    )
-    fit.add_argument(
-        "--min-future", dest="min_future", type=int, default=256, help="future target: fit keys with at least this many such queries (default 256)"
-    )
-    fit.add_argument("--ridge", type=float, default=1e-3, help="ridge penalty, relative to each feature's energy (default 1e-3)")
     fit.set_defaults(func=_fit_scorer)
 
     exp = sub.add_parser("export", parents=[common], help="write a model with LoLA applied as a Hugging Face folder (lola.from_pretrained; vLLM with --vllm)")
@@ -551,20 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.set_defaults(func=_export)
 
     ppl = sub.add_parser("perplexity", parents=[common], help="held-out perplexity of full attention, the hybrid (lolcats) and LoLA")
-    ppl.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
-    ppl.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder (default: untrained maps)")
-    ppl.add_argument("--length", "--lengths", dest="lengths", type=int, nargs="+", help="context lengths (default 1024 2048)")
-    ppl.add_argument("--methods", nargs="+", help=f"any of {' '.join(PPL_METHODS)} (default all)")
-    ppl.add_argument("--window", type=int, help="sliding window (default 64)")
-    ppl.add_argument("--sparse-size", dest="sparse_size", type=int, help="sparse cache of the lola method (default 64)")
-    ppl.add_argument("--sinks", type=int, help="pinned first tokens (default 4)")
-    ppl.add_argument("--chunk", type=int, help="tokens between select-and-evict steps (default 64)")
-    ppl.add_argument("--policy", help="scoring policy of the lola method (default sre)")
-    ppl.add_argument("--mixing", help="mixing rule of the lola method: lola_authors (default, the paper's), lolcats or softmax_only (the exact tokens alone)")
-    ppl.add_argument("--windows", type=int, help="held-out windows per length (default 4)")
-    ppl.add_argument("--text", nargs="+", help="files, folders or corpus names whose last 10%% is held out (default: the default corpus)")
-    ppl.add_argument("--generate", type=int, help="greedy tokens generated per window for the repetition check (default 64; 0: off)")
-    ppl.add_argument("--generate-windows", dest="generate_windows", type=int, help="windows per length continued for the repetition check (default 2)")
+    from lola.eval.perplexity import PerplexityRun
+
+    add_spec_options(ppl, PerplexityRun, PERPLEXITY_FIELDS, aliases={"lengths": ["--length"]})
     ppl.add_argument("--out", help="also write the results to this JSON file")
     ppl.set_defaults(func=_perplexity)
     return parser

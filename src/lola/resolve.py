@@ -14,13 +14,13 @@ A LoLA config may leave ``mixing`` unset. Without trained maps it is ``LoLAConfi
   was trained.
 
 A rule the caller sets is always kept. :meth:`lola.pretrained.folder.FeatureMaps.merge_into` calls
-:func:`resolve_mixing`, so ``apply_lola(..., feature_maps=…)``, ``lola.models.load(...,
-linearized=True)``, ``lola niah``, ``lola perplexity``, the lm-eval model and the vLLM plug-in
-(:func:`resolve_config`) all share it.
+:func:`resolve_mixing`, so ``apply_lola(..., feature_maps=…)`` and ``lola.models.load(...,
+linearized=True)`` share it.
 
 The per-head sparse budgets a run asks for by name (``budgets="auto"``, a shipped name or a
-``lola calibrate`` file) are decided here too (:func:`resolve_budgets`), for ``lola niah`` and the
-lm-eval model alike.
+``lola calibrate`` file) are decided here too (:func:`resolve_budgets`), and
+:func:`resolve_config` puts the three together (config, budgets, feature maps and rule): the one
+resolution of ``lola niah``, ``lola perplexity``, the lm-eval model and the vLLM plug-in.
 """
 
 from __future__ import annotations
@@ -72,11 +72,38 @@ def resolve_mixing(config: LoLAConfig, trained_mixing: str | None) -> LoLAConfig
     return config.model_copy(update={"mixing": default_mixing(config, trained_mixing)})
 
 
-def resolve_config(config: LoLAConfig | Mapping[str, Any] | None, trained_mixing: str | None = None) -> LoLAConfig:
-    """A :class:`~lola.LoLAConfig` from a config, a mapping of its fields (e.g. vLLM's
-    ``hf_overrides={"lola": {...}}``), the ``lola`` entry that ``save_pretrained`` wrote to a
-    model's ``config.json`` (:mod:`lola.model_entry`) or ``None`` (the defaults), with its
-    mixing rule resolved as everywhere else in lola."""
+def resolve_config(
+    config: LoLAConfig | Mapping[str, Any] | None = None,
+    trained_mixing: str | None = None,
+    *,
+    model: str | None = None,
+    feature_maps: Any = None,
+    budgets: str | os.PathLike | None = None,
+) -> LoLAConfig:
+    """The config a run executes: the one resolution of every command and integration
+    (``lola niah``, ``lola perplexity``, the lm-eval model, the vLLM plug-in).
+
+    In order: ``config`` is read (a :class:`~lola.LoLAConfig`, a mapping of its fields such as
+    vLLM's ``hf_overrides={"lola": {...}}``, the ``lola`` entry that ``save_pretrained`` wrote to
+    a model's ``config.json`` (:mod:`lola.model_entry`), or ``None``: the defaults); the per-head
+    sparse ``budgets`` are applied (:func:`resolve_budgets`, ``"auto"`` by ``model``); the
+    ``feature_maps``' trained fields fill what the config leaves unset; and the mixing rule, if
+    unset, is decided (:func:`default_mixing`) on the config as it will run, budgets included
+    (without maps or ``trained_mixing`` it stays unset: maps applied later decide it).
+
+    Args:
+        config: the config or its description.
+        trained_mixing: the rule of trained maps known without reading them (the saved entry of
+            an exported model records its own); ignored when ``feature_maps`` are given.
+        model: the registered model name, for ``budgets="auto"``.
+        feature_maps: read :class:`~lola.pretrained.folder.FeatureMaps`, a ``lola linearize``
+            folder or a shipped name, or ``None``.
+        budgets: ``None``/``"uniform"``, ``"auto"``, a shipped name or a ``lola calibrate`` file.
+
+    Raises:
+        TypeError: ``config`` of another kind.
+        ValueError: budgets the config cannot take, or a config field that conflicts with the maps.
+    """
     if config is None:
         config = LoLAConfig()
     elif is_entry(config):
@@ -85,7 +112,16 @@ def resolve_config(config: LoLAConfig | Mapping[str, Any] | None, trained_mixing
         if not isinstance(config, Mapping):
             raise TypeError(f"config must be a LoLAConfig, a mapping of its fields or None, got {type(config).__name__}")
         config = LoLAConfig(**config)
-    return resolve_mixing(config, trained_mixing)
+    config = resolve_budgets(config, budgets, model)
+    if feature_maps is None:
+        # Without trained maps an unset rule stays unset (it reads as LoLAConfig's default), so
+        # that maps given later (``apply_lola(..., feature_maps=...)``) still decide it.
+        return config if trained_mixing is None else resolve_mixing(config, trained_mixing)
+    if not hasattr(feature_maps, "merge_into"):
+        from lola.pretrained.folder import read_feature_maps
+
+        feature_maps = read_feature_maps(feature_maps)
+    return feature_maps.merge_into(config)
 
 
 def takes_budgets(config: LoLAConfig) -> bool:

@@ -53,10 +53,11 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def add_spec_options(parser: argparse.ArgumentParser | Any, spec: type[BaseModel], fields: Iterable[str]) -> None:
+def add_spec_options(parser: argparse.ArgumentParser | Any, spec: type[BaseModel], fields: Iterable[str], aliases: dict[str, list[str]] | None = None) -> None:
     """Add ``--field`` options for ``fields`` of ``spec`` to ``parser`` (an argparse parser or
     argument group), each defaulting to ``None`` (unset); the help is the field's description
     and its default (``"(default: none)"`` for ``None``, whose meaning the description gives).
+    ``aliases`` gives a field other option strings as well (``{"lengths": ["--length"]}``).
 
     Raises:
         ValueError: a field without a description (the help would say nothing).
@@ -78,7 +79,7 @@ def add_spec_options(parser: argparse.ArgumentParser | Any, spec: type[BaseModel
             kwargs["nargs"] = "+"
         default = _default(info)
         kwargs["help"] = f"{info.description} (default: {'none' if default is None else _show(default)})"
-        parser.add_argument(option_name(name), **kwargs)
+        parser.add_argument(*(aliases or {}).get(name, []), option_name(name), **kwargs)
 
 
 def given_fields(args: argparse.Namespace, fields: Iterable[str]) -> dict[str, Any]:

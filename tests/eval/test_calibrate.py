@@ -70,7 +70,7 @@ def test_cli_writes_budgets_that_niah_accepts(tmp_path, capsys):
     assert sum(map(sum, data["sparse_size_per_head"])) <= 8 * 4
     assert "total" in capsys.readouterr().out
     assert main(["calibrate", "--model", "tiny-random-llama", "--prompts", "0", "--out", str(out)]) == 2
-    assert "--prompts must be >= 1" in capsys.readouterr().err
+    assert "--prompts: Input should be greater than or equal to 1" in capsys.readouterr().err
 
 
 def test_answer_prefix_starts_the_answer(tiny):

@@ -198,9 +198,9 @@ def test_a_maps_description_with_a_huge_geometry_is_refused_at_once(key, value, 
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["calibrate", "--model", "tiny-random-llama", "--power", "inf"], "--power must be a finite number"),
-        (["calibrate", "--model", "tiny-random-llama", "--power", "nan"], "--power must be a finite number"),
-        (["calibrate", "--model", "tiny-random-llama", "--power", "-1"], "--power must be a finite number >= 0"),
+        (["calibrate", "--model", "tiny-random-llama", "--power", "inf"], "--power: Input should be a finite number"),
+        (["calibrate", "--model", "tiny-random-llama", "--power", "nan"], "--power: Input should be a finite number"),
+        (["calibrate", "--model", "tiny-random-llama", "--power", "-1"], "--power: Input should be greater than or equal to 0"),
         (["linearize", "--quick", "--lr", "inf"], "--lr: Input should be a finite number"),
         (["linearize", "--quick", "--lr", "nan"], "lr"),
         (["linearize", "--quick", "--lora-lr", "inf"], "--lora-lr: Input should be a finite number"),

@@ -77,3 +77,25 @@ def test_a_checkpoint_of_other_options_is_refused(tmp_path):
     _, other = _trainer(tmp_path / "ckpt.pt", Options(lr=0.2))
     with pytest.raises(ValueError, match="lr"):
         other.resume()
+
+
+def test_the_run_s_sizes_default_to_the_stage_s_options(tmp_path):
+    class Stage(BaseModel):
+        steps: int = 3
+        batch: int = 2
+        seed: int = 0
+        checkpoint_every: int = 1
+        lr: float = 0.1
+
+    w, trainer = _trainer(tmp_path / "ckpt.pt", Stage())
+    seen = []
+
+    def item(i, share):
+        seen.append(i)
+        loss = (w - TARGETS[i]) ** 2 / share
+        loss.backward()
+        return loss.detach()
+
+    trainer.run(items=6, train_item=item, stage_state=lambda: {}, desc="test", progress=False)
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(0)).tolist()
+    assert trainer.step == 3 and seen == [order[j] for j in range(6)]

@@ -20,6 +20,9 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+
+from lola.limits import MAX_TOKENS
 
 if TYPE_CHECKING:  # pragma: no cover
     from lola.budgets import HeadBudgets
@@ -194,6 +197,28 @@ def retrieval_scores(model: torch.nn.Module, prompts: list[CalibrationPrompt], p
     finally:
         model.set_attn_implementation(previous)
     return total / len(prompts)
+
+
+class CalibrateSpec(BaseModel):
+    """Options of ``lola calibrate`` (the command's options are generated from these fields)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
+    length: StrictInt = Field(2048, ge=1, le=MAX_TOKENS, description="tokens per calibration prompt")
+    prompts: StrictInt = Field(16, ge=1, le=100_000, description="calibration prompts")
+    sparse_size: StrictInt = Field(192, ge=0, le=MAX_TOKENS, description="the uniform sparse size to redistribute")
+    power: float = Field(0.5, ge=0, description="budget ∝ score ** power")
+    floor: StrictInt = Field(0, ge=0, le=MAX_TOKENS, description="sparse slots every head keeps")
+    seed: StrictInt = Field(0, description="offsets the calibration prompts' seeds")
+
+    @field_validator("floor")
+    @classmethod
+    def _floor_fits(cls, floor: int, info: ValidationInfo) -> int:
+        sparse = info.data.get("sparse_size")
+        if sparse is not None and floor > sparse:
+            raise ValueError(f"must be <= the sparse size ({sparse}), got {floor}")
+        return floor
 
 
 def calibrate(

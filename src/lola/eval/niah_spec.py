@@ -11,7 +11,7 @@ from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.demo import Seed
 from lola.eval.niah import check_templates
 from lola.methods import METHODS, method_config
-from lola.resolve import resolve_budgets
+from lola.resolve import resolve_config
 
 
 def _distinct(name: str, values: list) -> list:
@@ -191,7 +191,7 @@ def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
     :mod:`lola.resolve` (the paper's), without them it is ``softmax_only``."""
     d = {name: field.default for name, field in NiahRun.model_fields.items()}
     cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
-    return resolve_budgets(cfg, d["budgets"], model)
+    return resolve_config(cfg, model=model, budgets=d["budgets"])
 
 
 def check_budgets(run: NiahRun, model: Any) -> None:
@@ -273,7 +273,8 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             continue
         for policy in run.policies:
             overrides = {**common, **_policy_defaults(policy, run)}
-            out[f"lola-{policy}"] = resolve_budgets(method_config("lola", policy=policy, **settings, overrides=overrides), run.budgets, run.model)
+            cfg = method_config("lola", policy=policy, **settings, overrides=overrides)
+            out[f"lola-{policy}"] = resolve_config(cfg, model=run.model, budgets=run.budgets)
         for name, fields in run.variants.items():
             fields = dict(fields)
             budgets = fields.pop("budgets", None)
@@ -284,7 +285,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             except (ValueError, TypeError) as err:
                 raise ValueError(f"variant {name!r}: {err}") from None
             try:
-                out[f"lola-{name}"] = resolve_budgets(cfg, budgets, run.model)
+                out[f"lola-{name}"] = resolve_config(cfg, model=run.model, budgets=budgets)
             except ValidationError as err:
                 raise ValueError(f"variants.{name}.budgets {budgets!r}: {validation_summary(err)}") from None
             except (ValueError, TypeError, OSError) as err:

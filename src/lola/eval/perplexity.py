@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.methods import METHODS, method_config
+from lola.resolve import resolve_config
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
 
@@ -35,26 +36,33 @@ class PerplexityRun(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    model: str = "smollm2-135m-instruct"
-    lengths: list[Annotated[StrictInt, Field(ge=2, le=MAX_TOKENS)]] = Field(default_factory=lambda: [1024, 2048], min_length=1)
-    methods: list[Literal[PPL_METHODS]] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1)
-    feature_maps: str | None = None
-    window: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
-    sparse_size: Tokens = 64
+    model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
+    lengths: list[Annotated[StrictInt, Field(ge=2, le=MAX_TOKENS)]] = Field(
+        default_factory=lambda: [1024, 2048], min_length=1, description="context lengths (tokens per window)"
+    )
+    methods: list[Literal[PPL_METHODS]] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1, description="methods to measure")
+    feature_maps: str | None = Field(None, description="a `lola linearize` folder or shipped name; none: untrained maps")
+    window: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = Field(64, description="sliding window of the hybrid and of lola")
+    sparse_size: Tokens = Field(64, description="sparse cache of the lola method (per K/V head, the average with budgets)")
     # LoLAConfig's default: the hybrid read 1.21x full attention's perplexity without sinks and
     # 1.08x with 4 (shipped linearized SmolLM2, 12 windows of 1K; docs/results.md).
-    sinks: Tokens = 4
-    chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 64
-    policy: str = "sre"
+    sinks: Tokens = Field(4, description="pinned first tokens")
+    chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = Field(64, description="tokens between select-and-evict steps")
+    policy: str = Field("sre", description="scoring policy of the lola method")
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
-        None, description="mixing rule of the lola method; None: the paper's lola_authors (with trained maps: lola.resolve's default, the same)"
+        None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.resolve's default, the same)"
+    )
+    # Uniform by default: the perplexities in docs/results.md were measured with uniform sizes.
+    budgets: str = Field(
+        "uniform",
+        description="per-head sparse budgets of the lola method: uniform, auto (the model's shipped budgets), a shipped name or a `lola calibrate` file",
     )
     windows: StrictInt = Field(4, ge=1, le=1_000_000, description="held-out windows per length (at most)")
     generate: StrictInt = Field(
         64, ge=0, le=MAX_TOKENS, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)"
     )
-    generate_windows: StrictInt = Field(2, ge=1, le=1_000_000)
-    text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
+    generate_windows: StrictInt = Field(2, ge=1, le=1_000_000, description="windows per length continued for the repetition check")
+    text: list[str] | None = Field(None, description="files, folders or corpus names whose last tenth is held out; none: the default corpus")
 
     @field_validator("text", mode="before")
     @classmethod
@@ -83,12 +91,13 @@ class PerplexityRun(BaseModel):
 def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
     """``{method: LoLA config}`` (``None`` = stock attention), built by :func:`lola.methods.method_config`:
     ``lolcats`` is the hybrid (window + linear state, the window of ``lola``), ``lola`` adds the
-    sparse cache. Mixing: ``run.mixing`` for ``lola``; left unset, with trained maps
+    sparse cache, with ``run.budgets`` applied by :func:`lola.resolve.resolve_config`. Mixing: ``run.mixing`` for ``lola``; left unset, with trained maps
     :func:`lola.resolve.resolve_mixing` decides (``lola_authors`` for ``lola``, the trained rule
     for the hybrid), without them both use ``lola_authors``."""
     trained = run.feature_maps is not None
-    return {
-        method: method_config(
+    configs = {}
+    for method in run.methods:
+        cfg = method_config(
             method,
             window=run.window,
             sparse_size=run.sparse_size,
@@ -99,8 +108,9 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             trained_maps=trained,
             hybrid_window="window",
         )
-        for method in run.methods
-    }
+        # The per-head budgets redistribute the sparse cache: the lola method's alone.
+        configs[method] = resolve_config(cfg, model=run.model, budgets=run.budgets) if method == "lola" else cfg
+    return configs
 
 
 def _check_methods(model: Any, configs: dict[str, LoLAConfig | None], feature_maps: str | None) -> Any:
@@ -158,6 +168,14 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
             f"of --lengths {longest}; give a text of about {round(longest / run.heldout_fraction)} tokens or more, or shorter --lengths"
         )
     configs = perplexity_configs(run)
+    if "lola" in configs and run.budgets not in ("uniform", "auto"):  # "auto" only applies budgets made for the model
+        from lola import budgets as head_budgets
+        from lola.errors import about
+        from lola.pretrained.folder import model_geometry
+
+        geometry = model_geometry(model)
+        with about(f"--budgets {run.budgets}"):
+            head_budgets.load(run.budgets).check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
     maps = _check_methods(model, configs, run.feature_maps)  # before the bar: an error under it would print on the bar's line
     device = next(model.parameters()).device
     jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n))]

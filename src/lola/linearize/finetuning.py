@@ -341,13 +341,9 @@ def finetune(
         return loss.detach()
 
     trainer.run(
-        steps=cfg.steps,
-        batch=cfg.batch,
         items=train.shape[0],
-        seed=cfg.seed,
         train_item=train_item,
         stage_state=lambda: {"kl_before": kl_before, "trainable": [p.detach().cpu() for p in trainable]},
-        checkpoint_every=cfg.checkpoint_every,
         desc="stage 2 (LoRA)",
         progress=progress,
     )

@@ -114,14 +114,14 @@ class Trainer:
     def run(
         self,
         *,
-        steps: int,
-        batch: int,
         items: int,
-        seed: int,
         train_item: Callable[[int, int], torch.Tensor],
         stage_state: Callable[[], dict],
-        checkpoint_every: int,
         desc: str,
+        steps: int | None = None,
+        batch: int | None = None,
+        seed: int | None = None,
+        checkpoint_every: int | None = None,
         progress: bool = True,
         untimed: Callable[[], float] = lambda: 0.0,
         loss_format: str = ".4f",
@@ -133,9 +133,15 @@ class Trainer:
         divided by ``share`` (the items this process trains on this step), back-propagates it and
         returns it detached (a 0-dim tensor on the device): the step's loss is their sum, read
         back once. ``untimed()`` is the cumulative time not to count as training (the teacher's
-        activations collected on demand).
+        activations collected on demand). ``steps``, ``batch``, ``seed`` and ``checkpoint_every``
+        are the stage's options (:attr:`config`'s fields of those names) unless given.
         """
         from tqdm.auto import tqdm
+
+        steps, batch, seed, checkpoint_every = (
+            getattr(self.config, name) if value is None else value
+            for name, value in (("steps", steps), ("batch", batch), ("seed", seed), ("checkpoint_every", checkpoint_every))
+        )
 
         order = torch.randperm(items, generator=torch.Generator().manual_seed(seed)).tolist()
         bar = tqdm(range(self.step, steps), desc=desc, unit="step", initial=self.step, total=steps, disable=not (progress and self.world.main))

@@ -237,13 +237,9 @@ def linearize(
         return total / len(students)
 
     trainer.run(
-        steps=cfg.steps,
-        batch=cfg.batch,
         items=train.shape[0],
-        seed=cfg.seed,
         train_item=train_item,
         stage_state=lambda: {"mse_before": {str(k): v for k, v in mse_before.items()}, "students": {str(i): s.state_dict() for i, s in students.items()}},
-        checkpoint_every=cfg.checkpoint_every,
         desc="attention transfer",
         progress=progress,
         untimed=lambda: collect_s,

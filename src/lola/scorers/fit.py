@@ -65,16 +65,22 @@ class FitSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str
-    feature_maps: str | None = None
-    target: Literal["future", "kvzip"] = "future"
-    text: list[str] = Field(default_factory=lambda: list(DEFAULT_TEXT), min_length=1)
-    length: StrictInt = Field(2048, ge=64, le=MAX_TOKENS)
-    documents: StrictInt = Field(32, ge=1, le=100_000)
-    heldout: StrictInt = Field(8, ge=1, le=10_000)
-    min_distance: StrictInt = Field(64, ge=1, le=MAX_TOKENS)
-    min_future: StrictInt = Field(256, ge=1, le=MAX_TOKENS)
-    ridge: float = Field(1e-3, ge=0)
+    model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
+    feature_maps: str | None = Field(
+        None, description="a `lola linearize` folder or shipped name: fit to the attention of the model with its LoRA merged; none: the stock model"
+    )
+    target: Literal["future", "kvzip"] = Field(
+        "future", description="future: attention from queries beyond min_distance; kvzip: attention while the model repeats the text"
+    )
+    text: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TEXT), min_length=1, description="corpora or text files to fit on (the registered book corpora, without pydoc)"
+    )
+    length: StrictInt = Field(2048, ge=64, le=MAX_TOKENS, description="tokens per chunk")
+    documents: StrictInt = Field(32, ge=1, le=100_000, description="training chunks")
+    heldout: StrictInt = Field(8, ge=1, le=10_000, description="held-out chunks for the report")
+    min_distance: StrictInt = Field(64, ge=1, le=MAX_TOKENS, description="future target: queries at least this far after the key (the window)")
+    min_future: StrictInt = Field(256, ge=1, le=MAX_TOKENS, description="future target: fit keys with at least this many such queries")
+    ridge: float = Field(1e-3, ge=0, description="ridge penalty, relative to each feature's energy")
 
     def keys(self) -> tuple[int, int]:
         """The range of key positions of a chunk that are fitted."""

@@ -135,10 +135,9 @@ def lola_config_from_args(
         from lola.pretrained.folder import FeatureMaps, read_feature_maps
 
         maps = feature_maps if isinstance(feature_maps, FeatureMaps) else read_feature_maps(feature_maps)
-        cfg = maps.merge_into(cfg)
-    from lola.resolve import resolve_budgets
+    from lola.resolve import resolve_config
 
-    return resolve_budgets(cfg, budgets, model_name), maps
+    return resolve_config(cfg, model=model_name, feature_maps=maps, budgets=budgets), maps
 
 
 def _registered(name: Any) -> bool:

@@ -1,14 +1,18 @@
 """Prefill and decode speed and cache size of LoLA vs stock transformers on SmolLM2-135M-Instruct.
 
-    python benchmarks/generate.py [--contexts 1024 4096 8192 16384] [--decode 16] [--model NAME_OR_PATH]
+    python benchmarks/generate.py [--contexts 1024 4096 8192 16384] [--decode 16] [--configs uniform calibrated]
 
-For each method (stock: SDPA attention + DynamicCache; lola: apply_lola + LoLACache with
-window 64, sparse 64, sinks 4, chunk 64, SRE), the context is built up by prefill in
-1,024-token segments; at each context length, ``--decode`` greedy tokens are timed one by one.
+Methods: stock (SDPA attention + DynamicCache) and LoLA (apply_lola + LoLACache, SRE) in each
+of ``--configs``: ``uniform`` and ``calibrated`` are the lola method as ``lola niah`` runs it
+(window 60, sparse 192 per K/V head, sinks 4, chunk 64), with uniform sizes and with the
+model's shipped calibrated budgets (the same bytes); ``small`` is window 64, sparse 64 (the
+figures of docs/performance.md before 2026-12-02). For each method the context is built up by
+prefill in 1,024-token segments; at each context length, ``--decode`` greedy tokens are timed
+one by one.
 Prefill throughput at a context is that of the 1,024-token segment ending there (the first
 segment for 1024; the segment from 15K to 16K for 16384). Prints tokens/s, ms/token and cache
 bytes per context, then the ratios LoLA vs stock at the smallest and the largest context, and
-LoLA's decode at the largest context vs its own at the smallest.
+LoLA's decode at the largest context vs its own at the smallest, and calibrated vs uniform.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=16, help="greedy tokens timed at each context length")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--configs", nargs="+", choices=("uniform", "calibrated", "small"), default=["uniform", "calibrated"], help="LoLA configs to time")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -68,21 +73,47 @@ def main() -> None:
 
     print("stock transformers (SDPA + DynamicCache)")
     stock = run(model, ids, contexts, args.decode, DynamicCache, stock_bytes)
-    cfg = lola.LoLAConfig(window=64, sparse_size=64, sinks=4, chunk=64, policy="sre")
-    apply_lola(model, cfg)
-    print(f"lola ({cfg.model_dump_json(include={'window', 'sparse_size', 'sinks', 'chunk', 'policy'})})")
-    lola_rows = run(model, ids, contexts, args.decode, lambda: LoLACache(model), lambda c: c.nbytes())
-    remove_lola(model)
+    results = {}
+    for name in args.configs:
+        cfg = lola_config(name, args.model)
+        apply_lola(model, cfg)
+        print(describe(name, cfg))
+        results[name] = run(model, ids, contexts, args.decode, lambda: LoLACache(model), lambda c: c.nbytes())
+        remove_lola(model)
 
-    print("\n| context | stock prefill tok/s | lola prefill tok/s | stock ms/token | lola ms/token | stock cache MiB | lola cache MiB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for (c, ts, bs, ps), (_, tl, bl, pl) in zip(stock, lola_rows):
-        print(f"| {c} | {ps:.0f} | {pl:.0f} | {ts:.1f} | {tl:.1f} | {bs / 2**20:.1f} | {bl / 2**20:.2f} |")
-    for (c, ts, bs, ps), (_, tl, bl, pl) in ((stock[0], lola_rows[0]), (stock[-1], lola_rows[-1])):
-        print(
-            f"\nat {c}: lola decode {tl / ts:.2f}x stock's ms/token ({ts / tl:.2f}x as fast), prefill {pl / ps:.2f}x stock's tokens/s, cache {bs / bl:.1f}x smaller"
-        )
-    print(f"lola decode at {lola_rows[-1][0]} vs its own at {lola_rows[0][0]}: {lola_rows[-1][1] / lola_rows[0][1]:.2f}x time")
+    for name, lola_rows in results.items():
+        print(f"\nlola {name}\n")
+        print("| context | stock prefill tok/s | lola prefill tok/s | stock ms/token | lola ms/token | stock cache MiB | lola cache MiB |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for (c, ts, bs, ps), (_, tl, bl, pl) in zip(stock, lola_rows):
+            print(f"| {c} | {ps:.0f} | {pl:.0f} | {ts:.1f} | {tl:.1f} | {bs / 2**20:.1f} | {bl / 2**20:.2f} |")
+        for (c, ts, bs, ps), (_, tl, bl, pl) in ((stock[0], lola_rows[0]), (stock[-1], lola_rows[-1])):
+            print(
+                f"\nat {c}: lola {name} decode {tl / ts:.2f}x stock's ms/token ({ts / tl:.2f}x as fast), prefill {pl / ps:.2f}x stock's tokens/s, "
+                f"cache {bs / bl:.1f}x smaller"
+            )
+        print(f"lola {name} decode at {lola_rows[-1][0]} vs its own at {lola_rows[0][0]}: {lola_rows[-1][1] / lola_rows[0][1]:.2f}x time")
+    if "uniform" in results and "calibrated" in results:
+        for (c, tu, bu, pu), (_, tc, bc, pc) in zip(results["uniform"], results["calibrated"]):
+            print(f"at {c}: calibrated vs uniform: decode {tc / tu:.2f}x the ms/token, prefill {pc / pu:.2f}x the tokens/s, cache {bc / bu:.2f}x the bytes")
+
+
+def lola_config(name: str, model: str) -> lola.LoLAConfig:
+    """The LoLA config ``name`` (see the module docstring) for ``model``."""
+    if name == "small":
+        return lola.LoLAConfig(window=64, sparse_size=64, sinks=4, chunk=64, policy="sre")
+    from lola.eval.niah_spec import NiahRun
+    from lola.methods import method_config
+    from lola.resolve import resolve_config
+
+    d = {f: NiahRun.model_fields[f].default for f in ("window", "sparse_size", "sinks", "chunk")}
+    base = method_config("lola", policy="sre", trained_maps=False, **d)
+    return resolve_config(base, model=model, budgets="auto" if name == "calibrated" else "uniform")
+
+
+def describe(name: str, cfg: lola.LoLAConfig) -> str:
+    sizes = cfg.model_dump_json(include={"window", "sparse_size", "sinks", "chunk", "policy"})
+    return f"lola {name} ({sizes}{', per-head sparse sizes in ' + str(len(cfg.layer_overrides)) + ' layers' if cfg.layer_overrides else ''})"
 
 
 if __name__ == "__main__":

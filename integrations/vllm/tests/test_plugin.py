@@ -56,6 +56,11 @@ def test_greedy_tokens_equal_lolas_own_transformers_path(llm):
     assert CALLS["prefill_seqs"] > before["prefill_seqs"] and CALLS["decode_rows"] > before["decode_rows"]
     assert CALLS["prefill_batches"] - before["prefill_batches"] < CALLS["prefill_seqs"] - before["prefill_seqs"]
     assert CALLS["resets"] - before["resets"] >= len(prompts(CASE))
+    # decode steps of the same running batch continue its live state: pages are read when the
+    # batch changes, not every step (the tokens above hold it equal to reading them every step)
+    loads, live = (CALLS[k] - before[k] for k in ("page_loads", "live_steps"))
+    assert live > 2 * loads > 0, (live, loads)
+    assert CALLS["slot_writes"] > CALLS["full_writes"] > 0  # in place: one window slot per row, the whole state at steps
 
 
 def test_the_state_of_a_sequence_does_not_grow(llm):

@@ -3,9 +3,16 @@
 vLLM keeps one page of state per sequence slot and hands the layer one tensor per state
 (``self.kv_cache``, ``[slots, ...]``); each step's metadata lists the decode requests first
 (one token each) and then the prefills. The layer loads the rows of the batch's slots into a
-:class:`lola.LoLAMemory`, runs :class:`lola.LoLAAttention` (decodes batched, prefills one
-sequence at a time) and writes the rows back. A slot that starts a new request is reset to the
-empty state first (vLLM does not clear slots).
+:class:`lola.LoLAMemory`, runs :class:`lola.LoLAAttention` (decodes batched, prefills batched)
+and writes the rows back. A slot that starts a new request is reset to the empty state first
+(vLLM does not clear slots).
+
+The decoding rows stay live between steps: vLLM keeps a running batch for many steps, so when
+the next step decodes the same slots one token further, the layer continues the state it holds
+instead of reading the pages again. After each decode step the pages are brought up to date in
+place: the one window slot each row wrote (its key, value and position), or the whole state of
+the rows on a step that changed more (a select-and-evict step, every ``chunk`` tokens). A
+decode step of a running batch therefore reads no page and writes one slot per row.
 """
 
 import torch
@@ -20,10 +27,11 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from lola.layer import compose
+from lola.memory.window import SlidingWindow
 from lola.resolve import resolve_config
 
 #: What the layers of this process ran (tests read it to see that LoLA, not a fallback, served).
-CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0}
+CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0, "page_loads": 0, "live_steps": 0, "slot_writes": 0, "full_writes": 0}
 
 
 class LoLALlamaAttention(nn.Module, MambaBase):
@@ -69,6 +77,7 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         self._fresh = {k: sd[k] for k in self._keys}
         self._shapes = tuple(tuple(sd[k].shape) for k in self._keys)
         self._dtypes = tuple(sd[k].dtype for k in self._keys)
+        self._live = None  # (slots, their counts at the next step, the LoLAMemory of those rows)
         ctx = vllm_config.compilation_config.static_forward_context
         if prefix in ctx:
             raise ValueError(f"Duplicate layer name: {prefix}")
@@ -125,12 +134,55 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         qsl, seen, slots = md.query_start_loc_cpu, md.num_computed_cpu, md.state_indices
         if nd:
             CALLS["decode_rows"] += nd
-            mem = self._load(slots[:nd], seen[:nd])
+            rows, counts = slots[:nd], seen[:nd]
+            mem = self._decode_state(rows, counts)
             o, mem = self.lola(q[:ndt].view(nd, 1, H, D), k[:ndt].view(nd, 1, Hk, D), v[:ndt].view(nd, 1, Hk, D), state=mem)
             out[:ndt] = o.reshape(ndt, H * D)
-            self._store(slots[:nd], mem)
+            self._update_pages(rows, counts, mem)
+            self._live = (rows.clone(), counts + 1, mem)
         if md.num_prefills:
+            prefilling = slots[nd : nd + md.num_prefills]
+            if self._live is not None and bool(torch.isin(prefilling, self._live[0]).any()):
+                self._live = None  # a live slot was given to a new request
             self._prefill(q, k, v, out, qsl[nd : nd + md.num_prefills + 1], seen[nd:], slots[nd:])
+
+    def _decode_state(self, slots: torch.Tensor, seen: torch.Tensor):
+        """The state of the decoding rows: the live one when the same slots decode again one token
+        further (its pages hold the same), else read from their pages."""
+        live = self._live
+        if live is not None and torch.equal(live[0], slots) and torch.equal(live[1], seen):
+            CALLS["live_steps"] += 1
+            return live[2]
+        CALLS["page_loads"] += 1
+        return self._load(slots, seen)
+
+    def _update_pages(self, slots: torch.Tensor, seen: torch.Tensor, mem) -> None:
+        """Bring the pages of the rows just decoded up to date: the one window slot each row wrote
+        (the token at position ``seen`` lives in ring slot ``seen % capacity``), or the whole
+        state when more changed: a schedule step, a sink, per-token statistics or attention
+        tallies, a custom window. Pages are current after every step, so nothing is ever written
+        back later (vLLM may hand a finished request's pages to another layer's group)."""
+        window = mem.window
+        simple = (
+            type(window) is SlidingWindow
+            and mem.queries is None
+            and window.block.acc is None
+            and int(seen.min()) >= mem.sinks.capacity
+            and not bool((mem.schedule.tokens_until_step(seen.to(torch.long)) == 1).any())
+        )
+        if not simple:
+            CALLS["full_writes"] += 1
+            self._store(slots, mem)
+            return
+        CALLS["slot_writes"] += 1
+        block, cap = window.block, window.capacity
+        ring = (seen.to(torch.long) % cap).to(block.k.device)
+        rows = torch.arange(ring.shape[0], device=ring.device)
+        for name, held in (("k", block.k), ("v", block.v), ("pos", block.pos)):
+            self._page(f"{window.name}.{name}")[slots, :, ring] = held[rows, :, ring]
+
+    def _page(self, key: str) -> torch.Tensor:
+        return self.kv_cache[self._keys.index(key)]
 
     def _prefill(self, q, k, v, out, bounds, seen, slots) -> None:
         """Every prefilling sequence in one call: rows right-padded to the longest, the padding

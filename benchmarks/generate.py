@@ -87,7 +87,7 @@ def main() -> None:
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for (c, ts, bs, ps), (_, tl, bl, pl) in zip(stock, lola_rows):
             print(f"| {c} | {ps:.0f} | {pl:.0f} | {ts:.1f} | {tl:.1f} | {bs / 2**20:.1f} | {bl / 2**20:.2f} |")
-        for (c, ts, bs, ps), (_, tl, bl, pl) in ((stock[0], lola_rows[0]), (stock[-1], lola_rows[-1])):
+        for (c, ts, bs, ps), (_, tl, bl, pl) in dict.fromkeys(((stock[0], lola_rows[0]), (stock[-1], lola_rows[-1]))):
             print(
                 f"\nat {c}: lola {name} decode {tl / ts:.2f}x stock's ms/token ({ts / tl:.2f}x as fast), prefill {pl / ps:.2f}x stock's tokens/s, "
                 f"cache {bs / bl:.1f}x smaller"

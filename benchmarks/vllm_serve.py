@@ -5,8 +5,8 @@
 
 For each method (stock: vLLM's Llama with its paged KV cache; lola: ``LoLALlamaForCausalLM``,
 window 64, sparse 64, sinks 4, chunk 64, SRE) one engine serves ``--batch`` prompts of each
-context length: the time to the first token of the batch gives prefill tokens/s, the rest of
-``--decode`` greedy tokens decode tokens/s. Memory per sequence: stock, the KV cache its tokens
+context length, step by step through the engine: the time until every prompt has its first
+token gives prefill tokens/s, the steps after it decode tokens/s. Memory per sequence: stock, the KV cache its tokens
 occupy (2 · layers · K/V heads · head dim · bytes per element, per token); lola, its state pages
 (read from the engine's layers), the same at every length. Each method runs in a subprocess
 (vLLM allows one engine per process); ratios are printed against stock from the same run.
@@ -67,17 +67,37 @@ def serve(args: argparse.Namespace) -> dict:
     for ctx in args.contexts:
         prompts = [{"prompt_token_ids": ids[i : i + ctx]} for i in range(args.batch)]  # distinct prompts
         llm.generate(prompts[:1], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)  # warm-up
-        t0 = time.perf_counter()
-        llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
-        t1 = time.perf_counter()
-        llm.generate(prompts, SamplingParams(max_tokens=args.decode, temperature=0.0, ignore_eos=True), use_tqdm=False)
-        t2 = time.perf_counter()
-        prefill = args.batch * ctx / (t1 - t0)
-        decode = args.batch * (args.decode - 1) / max((t2 - t1) - (t1 - t0), 1e-9)
+        prefill_s, decode_s, decoded = timed_steps(llm, prompts, args.decode)
+        prefill = args.batch * ctx / prefill_s
+        decode = decoded / decode_s
         per_seq = page if lola else 2 * layers * kv_heads * head_dim * element * (ctx + args.decode)
         rows[ctx] = (prefill, decode, per_seq)
         print(f"  {args.method} {ctx:>6}: prefill {prefill:8.1f} tok/s, decode {decode:7.2f} tok/s, {per_seq / 2**20:8.2f} MiB per sequence", flush=True)
     return rows
+
+
+def timed_steps(llm, prompts: list, max_tokens: int) -> tuple[float, float, int]:
+    """Serve ``prompts`` step by step through the engine: ``(seconds until every prompt has its
+    first token, seconds after that, tokens generated after that)``. Timing the engine's steps
+    separates decode from prefill (a difference of two timed calls did not: at long contexts the
+    prefill's noise exceeded the whole decode)."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    tag = time.monotonic_ns()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bench-{tag}-{i}", prompt, params)
+    counts: dict[str, int] = {}
+    t0 = time.perf_counter()
+    first, at_first = None, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            counts[out.request_id] = len(out.outputs[0].token_ids)
+        if first is None and len(counts) == len(prompts) and min(counts.values()) > 0:
+            first, at_first = time.perf_counter(), sum(counts.values())
+    end = time.perf_counter()
+    return first - t0, end - first, sum(counts.values()) - at_first
 
 
 def main() -> None:

@@ -482,7 +482,7 @@ BAD_OPTIONS = [
     (["perplexity", "--model", "tiny-random-llama", "--lengths", "64", "64"], ["--lengths", "distinct"]),
     (["perplexity", "--model", "tiny-random-llama", "--policy", "nope"], ["unknown policy 'nope'"]),
     (["perplexity", "--model", "tiny-random-llama", "--lengths", "1"], ["--lengths[0]"]),
-    (["calibrate", "--model", "tiny-random-llama", "--prompts", "0", "--out", "x.json"], ["--prompts must be >= 1"]),
+    (["calibrate", "--model", "tiny-random-llama", "--prompts", "0", "--out", "x.json"], ["--prompts: Input should be greater than or equal to 1"]),
 ]
 
 

@@ -134,3 +134,8 @@ def test_resolve_config_applies_budgets_before_the_maps_decide_the_rule():
     # without maps an unset rule stays unset: maps applied later still decide it
     assert "mixing" not in resolve_config({"sparse_size": 4}, model=SHIPPED, budgets="auto").model_fields_set
     assert resolve_config({"sparse_size": 4}, "lolcats").mixing == PAPER_MIXING
+
+
+def test_resolve_config_takes_read_feature_maps_only():
+    with pytest.raises(TypeError, match="feature_maps must be read feature maps"):
+        resolve_config(None, feature_maps="smollm2-135m-instruct")

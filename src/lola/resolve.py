@@ -96,12 +96,12 @@ def resolve_config(
         trained_mixing: the rule of trained maps known without reading them (the saved entry of
             an exported model records its own); ignored when ``feature_maps`` are given.
         model: the registered model name, for ``budgets="auto"``.
-        feature_maps: read :class:`~lola.pretrained.folder.FeatureMaps`, a ``lola linearize``
-            folder or a shipped name, or ``None``.
+        feature_maps: :class:`~lola.pretrained.folder.FeatureMaps` as
+            :func:`~lola.pretrained.folder.read_feature_maps` reads them, or ``None``.
         budgets: ``None``/``"uniform"``, ``"auto"``, a shipped name or a ``lola calibrate`` file.
 
     Raises:
-        TypeError: ``config`` of another kind.
+        TypeError: ``config`` or ``feature_maps`` of another kind.
         ValueError: budgets the config cannot take, or a config field that conflicts with the maps.
     """
     if config is None:
@@ -118,9 +118,8 @@ def resolve_config(
         # that maps given later (``apply_lola(..., feature_maps=...)``) still decide it.
         return config if trained_mixing is None else resolve_mixing(config, trained_mixing)
     if not hasattr(feature_maps, "merge_into"):
-        from lola.pretrained.folder import read_feature_maps
-
-        feature_maps = read_feature_maps(feature_maps)
+        # (lola.pretrained reads them, and imports this module: read maps are passed in)
+        raise TypeError(f"feature_maps must be read feature maps (lola.pretrained.folder.read_feature_maps), got {type(feature_maps).__name__}")
     return feature_maps.merge_into(config)
 
 

@@ -88,3 +88,58 @@ def test_perplexity_keeps_its_length_option_as_an_alias():
 
     args = build_parser().parse_args(["perplexity", "--length", "96", "128"])
     assert given_fields(args, PERPLEXITY_FIELDS) == {"lengths": [96, 128]}
+
+
+def test_shared_options_set_every_spec_and_show_each_default():
+    from lola.spec_options import add_shared_options
+
+    class First(BaseModel):
+        every: int = Field(25, description="steps between saves")
+        size: int = Field(8, description="tokens per chunk")
+
+    class Second(BaseModel):
+        every: int = Field(10, description="steps between saves")
+        length: int = Field(8, description="tokens per sequence")
+
+    parser = argparse.ArgumentParser()
+    add_shared_options(parser, {"stage 1": (First, {"every": "every", "size": "size"}), "stage 2": (Second, {"every": "every", "size": "length"})})
+    args = parser.parse_args(["--size", "16"])
+    assert given_fields(args, ["every", "size"]) == {"size": 16}
+    assert Second(**given_fields(args, ["length"], {"length": "size"})) == Second(length=16)
+    text = " ".join(parser.format_help().split())
+    assert "steps between saves (default: 25 in stage 1, 10 in stage 2)" in text
+    assert "stage 1: tokens per chunk; stage 2: tokens per sequence (default: 8)" in text
+
+    class Other(BaseModel):
+        every: str = Field("x", description="steps between saves")
+
+    with pytest.raises(ValueError, match="--every sets fields of different forms"):
+        add_shared_options(argparse.ArgumentParser(), {"a": (First, {"every": "every"}), "b": (Other, {"every": "every"})})
+
+
+def test_lola_linearize_offers_both_stages_fields_with_their_defaults(capsys):
+    from lola.cli import LINEARIZE_SHARED, LINEARIZE_STAGE1, LINEARIZE_STAGE2, build_parser, linearize_fields, main
+    from lola.linearize import FinetuneConfig, LinearizeConfig
+
+    # Fields with no option are set otherwise (--stage2-attention, --from-lora, ...) or kept internal.
+    assert set(LinearizeConfig.model_fields) - {*LINEARIZE_STAGE1, *LINEARIZE_SHARED} == {"affine", "cache_activations", "heldout_fraction"}
+    assert set(FinetuneConfig.model_fields) - {*LINEARIZE_STAGE2, *LINEARIZE_SHARED.values()} == {
+        "heldout_fraction",
+        "lora_targets",
+        "lola",
+        "from_lora",
+        "gradient_checkpointing",
+    }
+    with pytest.raises(SystemExit):
+        main(["linearize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for spec, field, option in [
+        *((LinearizeConfig, f, f) for f in LINEARIZE_STAGE1),
+        *((FinetuneConfig, f, o) for f, o in LINEARIZE_STAGE2.items()),
+    ]:
+        info = spec.model_fields[field]
+        assert f"--{option.replace('_', '-')}" in text and f"{' '.join(info.description.split())} (default: {info.default})" in text, option
+    assert "steps between checkpoints (default: 25 in stage 1, 10 in stage 2)" in text
+    # one option, both stages: --chunk-tokens is stage 2's seq_len, --lora-lr its lr
+    args = build_parser().parse_args(["linearize", "--out", "x", "--chunk-tokens", "256", "--lora-lr", "0.5", "--lr", "0.1"])
+    assert linearize_fields(args) == ({"chunk_tokens": 256, "lr": 0.1}, {"seq_len": 256, "lr": 0.5})

@@ -68,6 +68,39 @@ NIAH_FIELDS = (
 )
 
 
+LINEARIZE_STAGE1 = ("steps", "lr", "window", "feature_map", "feature_dim", "mixing", "train_chunks")
+"""`lola linearize`'s options of stage 1 alone (:class:`~lola.linearize.LinearizeConfig` fields)."""
+LINEARIZE_STAGE2 = {
+    "steps": "stage2_steps",
+    "lr": "lora_lr",
+    "warmup_steps": "warmup_steps",
+    "maps_lr": "maps_lr",
+    "lora_rank": "lora_rank",
+    "lora_alpha": "lora_alpha",
+    "kl_weight": "kl_weight",
+    "ce_weight": "ce_weight",
+}
+"""Its options of stage 2 alone: :class:`~lola.linearize.FinetuneConfig` field → option."""
+LINEARIZE_SHARED = {
+    "chunk_tokens": "seq_len",
+    "batch": "batch",
+    "eval_chunks": "eval_chunks",
+    "text": "text",
+    "checkpoint_every": "checkpoint_every",
+    "seed": "seed",
+    "device": "device",
+}
+"""Its options that set both stages: option (the stage-1 field) → stage-2 field."""
+
+
+def linearize_fields(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The fields of `lola linearize`'s two stage configs that ``args`` gives (stage 1's, stage 2's)."""
+    from lola.spec_options import given_fields
+
+    stage2 = {**LINEARIZE_STAGE2, **{f2: d for d, f2 in LINEARIZE_SHARED.items()}}
+    return given_fields(args, [*LINEARIZE_STAGE1, *LINEARIZE_SHARED]), given_fields(args, stage2, stage2)
+
+
 def _niah(args: argparse.Namespace) -> int:
     from lola.eval.runner import (
         SAMPLES_FILE,
@@ -149,41 +182,8 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | Non
 def _linearize(args: argparse.Namespace) -> int:
     from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
 
-    stage1 = {
-        "window": "window",
-        "feature_map": "feature_map",
-        "feature_dim": "feature_dim",
-        "mixing": "mixing",
-        "steps": "steps",
-        "lr": "lr",
-        "chunk_tokens": "chunk_tokens",
-        "train_chunks": "train_chunks",
-        "eval_chunks": "eval_chunks",
-        "text": "text",
-        "checkpoint_every": "checkpoint_every",
-        "seed": "seed",
-        "batch": "batch",
-        "device": "device",
-    }
-    stage2 = {
-        "stage2_steps": "steps",
-        "batch": "batch",
-        "chunk_tokens": "seq_len",
-        "lora_lr": "lr",
-        "warmup_steps": "warmup_steps",
-        "maps_lr": "maps_lr",
-        "lora_rank": "lora_rank",
-        "lora_alpha": "lora_alpha",
-        "ce_weight": "ce_weight",
-        "kl_weight": "kl_weight",
-        "eval_chunks": "eval_chunks",
-        "text": "text",
-        "checkpoint_every": "checkpoint_every",
-        "seed": "seed",
-        "device": "device",
-    }
-    opts1 = {f: getattr(args, a) for a, f in stage1.items() if getattr(args, a) is not None}
-    opts2 = {f: getattr(args, a) for a, f in stage2.items() if getattr(args, a) is not None}
+    opts1, opts2 = linearize_fields(args)
+    stage2_dests = {**LINEARIZE_STAGE2, **{f2: d for d, f2 in LINEARIZE_SHARED.items()}}
     if args.from_lora:
         opts2["from_lora"] = True
     if args.gradient_checkpointing:
@@ -205,8 +205,7 @@ def _linearize(args: argparse.Namespace) -> int:
     try:
         cfg2 = FinetuneConfig(**opts2) if args.stage in ("2", "all") else None
     except ValidationError as err:  # stage 2's fields by their options: its `lr` is --lora-lr
-        option_of = {f: a for a, f in stage2.items()}
-        raise ValueError(describe_validation(err, lambda f: option_name(option_of.get(f, f)))) from None
+        raise ValueError(describe_validation(err, lambda f: option_name(stage2_dests.get(f, f)))) from None
     out = Path(args.out)
     _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
@@ -417,8 +416,6 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``lola`` command."""
-    from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
-
     parser = OneLineParser(prog="lola", description="LoLA: linear attention that remembers.")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -432,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     niah = sub.add_parser("niah", parents=[common], help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
     from lola.eval.runner import NiahRun
-    from lola.spec_options import add_spec_options
+    from lola.spec_options import add_shared_options, add_spec_options
 
     add_spec_options(niah, NiahRun, NIAH_FIELDS)  # one option per field, its help and default from the spec
     niah.add_argument("--batch-size", dest="batch_size", type=int, help="samples of one length generated as one left-padded batch (default 1)")
@@ -450,32 +447,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="1: attention transfer; 2: LoRA fine-tuning from the stage-1 maps in --out (or --feature-maps); all (default): both",
     )
     lin.add_argument("--feature-maps", dest="feature_maps", help="stage 2 only: the stage-1 folder to start from (default: --out)")
-    lin.add_argument(
-        "--text", nargs="+", help="training text: files, folders (.txt/.md/.rst) or corpus names (default: the default corpus, see `lola.corpora`)"
+    from lola.linearize import FinetuneConfig, LinearizeConfig
+
+    # The stages' fields, one source of help and defaults: shared options set both stages.
+    add_shared_options(
+        lin,
+        {
+            "stage 1": (LinearizeConfig, {d: d for d in LINEARIZE_SHARED}),
+            "stage 2": (FinetuneConfig, {d: f2 for d, f2 in LINEARIZE_SHARED.items()}),
+        },
     )
-    lin.add_argument("--chunk-tokens", dest="chunk_tokens", type=int, help="tokens per training sequence, both stages (default 2048)")
-    lin.add_argument("--batch", type=int, help="sequences per optimizer step, over all processes under torchrun (default 1)")
-    lin.add_argument("--eval-chunks", dest="eval_chunks", type=int, help="held-out sequences for the before/after report (default 2)")
-    lin.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, help="steps between checkpoints")
-    lin.add_argument("--seed", type=int)
-    lin.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where both stages train (default auto: CUDA when available)")
-    g1 = lin.add_argument_group("stage 1 (attention transfer)")
-    g1.add_argument("--steps", type=int, help="optimizer steps (default 400)")
-    g1.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-2, cosine decay)")
-    g1.add_argument("--window", type=int, help="exact keys per query of the hybrid (default 64)")
-    g1.add_argument("--feature-map", dest="feature_map", help=f"{' or '.join(TRAINABLE_FEATURE_MAPS)} (default {DEFAULT_FEATURE_MAP})")
-    g1.add_argument("--feature-dim", dest="feature_dim", type=int, help="f of a random-init hedgehog map (default 64)")
-    g1.add_argument("--mixing", help="lolcats (default) or lola_authors")
-    g1.add_argument("--train-chunks", dest="train_chunks", type=int, help="distinct training chunks (default 24)")
+    add_spec_options(lin.add_argument_group("stage 1 (attention transfer)"), LinearizeConfig, LINEARIZE_STAGE1)
     g2 = lin.add_argument_group("stage 2 (LoRA fine-tuning, KL to the stock model)")
-    g2.add_argument("--stage2-steps", dest="stage2_steps", type=int, help="optimizer steps (default 150)")
-    g2.add_argument("--lora-lr", dest="lora_lr", type=float, help="learning rate of the LoRA weights (default 1e-3)")
-    g2.add_argument("--warmup-steps", dest="warmup_steps", type=int, help="steps of linear warm-up before the cosine decay (default 10)")
-    g2.add_argument("--maps-lr", dest="maps_lr", type=float, help="learning rate of the feature maps and window factors (default 1e-3; 0 freezes them)")
-    g2.add_argument("--lora-rank", dest="lora_rank", type=int, help="LoRA rank (default 8)")
-    g2.add_argument("--lora-alpha", dest="lora_alpha", type=float, help="LoRA alpha (default 16)")
-    g2.add_argument("--kl-weight", dest="kl_weight", type=float, help="weight of KL(teacher || student) (default 1)")
-    g2.add_argument("--ce-weight", dest="ce_weight", type=float, help="weight of the next-token cross-entropy (default 0)")
+    add_spec_options(g2, FinetuneConfig, LINEARIZE_STAGE2, dests=LINEARIZE_STAGE2)
     g2.add_argument(
         "--stage2-attention",
         dest="stage2_attention",

@@ -48,11 +48,11 @@ class FinetuneConfig(BaseModel):
     seq_len: StrictInt = Field(2048, ge=8, description="tokens per training sequence")
     lr: StrictFloat = Field(1e-3, gt=0, description="AdamW learning rate of the LoRA weights")
     maps_lr: StrictFloat = Field(1e-3, ge=0, description="learning rate of the feature maps and window factors (0: frozen)")
-    warmup_steps: StrictInt = Field(10, ge=0)
-    lora_rank: StrictInt = Field(8, ge=1)
-    lora_alpha: StrictFloat = Field(16.0, gt=0)
+    warmup_steps: StrictInt = Field(10, ge=0, description="steps of linear warm-up before the cosine decay")
+    lora_rank: StrictInt = Field(8, ge=1, description="LoRA rank")
+    lora_alpha: StrictFloat = Field(16.0, gt=0, description="LoRA alpha (the update is scaled by alpha / rank)")
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    kl_weight: StrictFloat = Field(1.0, ge=0)
+    kl_weight: StrictFloat = Field(1.0, ge=0, description="weight of KL(teacher || student) on the next-token distributions")
     ce_weight: StrictFloat = Field(0.0, ge=0, description="weight of the next-token cross-entropy on the text")
     eval_chunks: StrictInt = Field(2, ge=0, description="held-out sequences for the before/after KL")
     heldout_fraction: StrictFloat = Field(0.1, gt=0, lt=1)
@@ -77,9 +77,9 @@ class FinetuneConfig(BaseModel):
     gradient_checkpointing: StrictBool = Field(
         False, description="recompute each decoder layer in the backward pass: one layer's activations in memory instead of all, for about a third more time"
     )
-    checkpoint_every: StrictInt = Field(10, ge=1)
-    seed: Seed = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_every: StrictInt = Field(10, ge=1, description="steps between checkpoints")
+    seed: Seed = Field(0, description="seed of the data split, the chunk order and new weights")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train (auto: CUDA when available)")
 
     def lora_spec(self) -> LoraSpec:
         return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha, targets=self.lora_targets)

@@ -42,13 +42,15 @@ class LinearizeConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     window: StrictInt = Field(64, ge=1, description="exact keys per query of the hybrid (η)")
-    feature_map: Literal[TRAINABLE_FEATURE_MAPS] = DEFAULT_FEATURE_MAP
+    feature_map: Literal[TRAINABLE_FEATURE_MAPS] = Field(DEFAULT_FEATURE_MAP, description="the feature map trained per layer")
     feature_dim: StrictInt = Field(64, ge=1, description="f of the Hedgehog map (F = 2f); = head_dim for hedgehog_identity")
-    mixing: Literal["lolcats", "lola_authors"] = "lolcats"
+    mixing: Literal["lolcats", "lola_authors"] = Field(
+        "lolcats", description="how the hybrid mixes its window and linear state (the rule the maps are trained for)"
+    )
     affine: StrictBool = False
     steps: StrictInt = Field(400, ge=1, description="optimizer steps (batch text chunks, all layers, per step)")
     batch: StrictInt = Field(1, ge=1, description="text chunks per step (the global batch under torchrun)")
-    lr: StrictFloat = Field(1e-2, gt=0)
+    lr: StrictFloat = Field(1e-2, gt=0, description="AdamW learning rate (cosine decay)")
     chunk_tokens: StrictInt = Field(2048, ge=8, description="tokens per chunk: train at the evaluation length")
     train_chunks: StrictInt = Field(24, ge=1, description="distinct training chunks, drawn from the whole training split")
     cache_activations: StrictBool = Field(
@@ -63,9 +65,9 @@ class LinearizeConfig(BaseModel):
     def _one_source(cls, value):
         return [value] if isinstance(value, str) else value  # text="book.txt" means one source
 
-    checkpoint_every: StrictInt = Field(25, ge=1)
-    seed: Seed = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_every: StrictInt = Field(25, ge=1, description="steps between checkpoints")
+    seed: Seed = Field(0, description="seed of the data split, the chunk order and new weights")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train (auto: CUDA when available)")
 
 
 def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:

@@ -313,3 +313,47 @@ def test_decode_reads_nothing_back_between_steps(accelerator_checks, padded):
         # at a step: the evicted count (a device read) and the schedule's next answer (computed
         # on host copies of the counts, a CPU tensor even when the state is on a GPU)
         assert sum(reads.values()) <= (2 if stepping else 0), (i, dict(reads))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    window=st.integers(1, 5),
+    sparse=st.integers(0, 5),
+    sinks=st.integers(0, 3),
+    chunk=st.integers(1, 6),
+    length=st.integers(1, 14),
+    pad=st.integers(0, 3),
+    offset=st.integers(0, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_attend_without_query_features_reads_no_linear_state_and_writes_the_same(window, sparse, sinks, chunk, length, pad, offset, seed):
+    """``fq=None`` (what a ``softmax_only`` layer passes): the same exact partials and the same
+    state as with the features, and a zero linear partial; uniform and padded rows, and rows that
+    start at different positions."""
+    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, mixing="lolcats")
+    torch.manual_seed(seed)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    q, k, v = _inputs(2, length + offset, 4, 2, 8, seed)
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    valid = torch.ones(2, length + offset, dtype=torch.bool)
+    valid[0, : min(pad, length - 1)] = False
+    states = []
+    for features in (True, False):
+        state = attn.new_state()
+        state.allocate(2, 4, 2, 8, attn.feature_dim, k.dtype, k.device)
+        if offset:  # row 1 first takes `offset` tokens alone: the rows then sit at different positions
+            first = torch.zeros(2, offset, dtype=torch.bool)
+            first[1] = True
+            state.attend(qh[:, :, :offset], attn.feature_map_q(qh[:, :, :offset]), kh[:, :, :offset], vh[:, :, :offset], first, attn.scale, attn.feature_map_k)
+        s = slice(offset, None)
+        fq = attn.feature_map_q(qh[:, :, s]) if features else None
+        exact, linear = state.attend(qh[:, :, s], fq, kh[:, :, s], vh[:, :, s], valid[:, s], attn.scale, attn.feature_map_k)
+        states.append((exact, linear, state.state_dict()))
+    (e1, l1, s1), (e2, l2, s2) = states
+    for a, b in zip((e1.num, e1.den, e1.max), (e2.num, e2.den, e2.max)):
+        torch.testing.assert_close(a, b)
+    assert l2.num.shape == l1.num.shape and l2.den.shape == l1.den.shape
+    assert not l2.num.any() and not l2.den.any()
+    assert l1.den.any() or not s1["linear.s"].any()  # with features the linear state is read
+    for key in s1:
+        torch.testing.assert_close(s1[key], s2[key], msg=key)

@@ -353,7 +353,7 @@ class LoLAMemory:
     def attend(
         self,
         q: torch.Tensor,
-        fq: torch.Tensor,
+        fq: torch.Tensor | None,
         k: torch.Tensor,
         v: torch.Tensor,
         valid: torch.Tensor,
@@ -367,7 +367,9 @@ class LoLAMemory:
         on is read with the next block, against the state after the step), then the step runs.
 
         Args:
-            q: ``[B, H, T, D]`` queries; fq: ``[B, H, T, F]`` their features (float32).
+            q: ``[B, H, T, D]`` queries; fq: ``[B, H, T, F]`` their features (float32), or
+                ``None`` when the output does not read the linear state (``softmax_only``: it is
+                still written, the policy scores against it); the linear partial is then zero.
             k, v: ``[B, Hs, T, D]`` keys/values per storage head.
             valid: ``[B, T]`` bool, real tokens (padding is neither written nor read).
             scale: softmax scale.
@@ -386,7 +388,7 @@ class LoLAMemory:
         # (no gathers or scatters) and the schedule is asked on the host.
         uniform = not packed and self._rows_in_step()
         order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True) if packed else None
-        qp, fqp, kp, vp = (take_tokens(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
+        qp, fqp, kp, vp = (None if x is None else take_tokens(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
 
         track = bool(getattr(self.policy, "needs_attention", False))
         reads = SegmentReads(self, qp, fqp, self.seen, scale, uniform=uniform, track=track)

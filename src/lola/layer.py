@@ -176,7 +176,8 @@ class LoLAAttention(nn.Module):
         gate = torch.sigmoid(self.window_factors.float()).view(-1)
         if valid is None:
             valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
-        fq = self.feature_map_q(qh)
+        # softmax_only: the output never reads the linear state, so the queries' features are not computed.
+        fq = None if kernel_mixing(self.mixing, self.affine) == "softmax_only" else self.feature_map_q(qh)
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
         o = mix(exact, linear, gate, self.mixing, self.affine)
         if observers:

@@ -63,7 +63,8 @@ class SegmentReads:
 
     Args:
         memory: the layer's state (its memories are read as they are when :meth:`add` is called).
-        q: ``[B, H, T, D]`` the segment's queries in packed order; fq: ``[B, H, T, F]`` their features.
+        q: ``[B, H, T, D]`` the segment's queries in packed order; fq: ``[B, H, T, F]`` their
+            features, or ``None``: the linear state is not read (its partial is zero).
         seen: ``[B]`` int64 tokens each row had seen before the segment (a query at packed
             index ``j`` has position ``seen + j``).
         scale: softmax scale.
@@ -73,7 +74,7 @@ class SegmentReads:
             (:meth:`LoLAMemory._observe`) as it is read, before the next step.
     """
 
-    def __init__(self, memory: "LoLAMemory", q: torch.Tensor, fq: torch.Tensor, seen: torch.Tensor, scale: float, *, uniform: bool, track: bool) -> None:
+    def __init__(self, memory: "LoLAMemory", q: torch.Tensor, fq: torch.Tensor | None, seen: torch.Tensor, scale: float, *, uniform: bool, track: bool) -> None:
         from lola.memory.linear_state import LinearState
 
         self.memory, self.q, self.fq, self.seen, self.scale = memory, q, fq, seen, scale
@@ -99,7 +100,7 @@ class SegmentReads:
         mem = self.memory
         if self.defer:
             group.slots = [(m.block.k, m.block.v, m.block.pos) for m in mem.exact_memories if m.capacity]
-            group.linear_state = mem.linear.state
+            group.linear_state = mem.linear.state if self.fq is not None else ()
             self._waiting.append(group)
             self._waiting_bytes += sum(t.numel() * t.element_size() for s in group.slots for t in s) + sum(
                 t.numel() * t.element_size() for t in group.linear_state
@@ -108,7 +109,7 @@ class SegmentReads:
                 self.flush()
         else:
             group.exact, parts = mem._read_exact(query, self.track)
-            group.linear = mem.linear.read(query)
+            group.linear = mem.linear.read(query) if self.fq is not None else None
             if self.track:
                 counted = active if active is not None else torch.ones(query.pos.shape, dtype=torch.bool, device=query.pos.device)
                 mem._observe(parts, group.exact, counted)
@@ -122,13 +123,13 @@ class SegmentReads:
             length = int(count)
             j = torch.arange(length, device=device)
             pos = (self.seen[:, None] + start + j).expand(q.shape[0], length)
-            return QueryBlock(q.narrow(2, start, length), fq.narrow(2, start, length), pos, self.scale), length, None
+            return QueryBlock(q.narrow(2, start, length), None if fq is None else fq.narrow(2, start, length), pos, self.scale), length, None
         length = int(count.max())
         j = torch.arange(length, device=device)
         active = j[None, :] < count[:, None]  # [B, L]
         idx = (start[:, None] + j).clamp(0, q.shape[2] - 1)
         pos = torch.where(active, self.seen[:, None] + start[:, None] + j, -1)
-        return QueryBlock(take_tokens(q, idx), take_tokens(fq, idx), pos, self.scale), length, active
+        return QueryBlock(take_tokens(q, idx), None if fq is None else take_tokens(fq, idx), pos, self.scale), length, active
 
     def flush(self) -> None:
         """Compute the waiting groups' reads: one softmax-partial and one linear read for all
@@ -149,19 +150,19 @@ class SegmentReads:
             return out.flatten(0, 1)
 
         q = stack([g.query.q for g in groups])
-        fq = stack([g.query.fq for g in groups])
         pos = stack([g.query.pos for g in groups], fill=-1)
         k, v, kpos = (torch.cat([_stack([g.slots[m][i] for g in groups]) for m in range(len(groups[0].slots))], dim=2) for i in range(3))
         num, den, mx = softmax_partial(q, k, v, pos, kpos, self.scale, check=False)
-        H = _stack([g.linear_state[0] for g in groups])
-        s = _stack([g.linear_state[1] for g in groups])
-        fq32 = fq.float()
-        lnum, lden = torch.matmul(fq32, H), torch.matmul(fq32, s.unsqueeze(-1)).squeeze(-1)
+        if self.fq is not None:
+            fq32 = stack([g.query.fq for g in groups]).float()
+            H = _stack([g.linear_state[0] for g in groups])
+            s = _stack([g.linear_state[1] for g in groups])
+            lnum, lden = torch.matmul(fq32, H), torch.matmul(fq32, s.unsqueeze(-1)).squeeze(-1)
         b = groups[0].query.q.shape[0]
         for i, g in enumerate(groups):
             rows, keep = slice(i * b, (i + 1) * b), g.count
             g.exact = SoftmaxPartial(num[rows, :, :keep], den[rows, :, :keep], mx[rows, :, :keep])
-            g.linear = LinearPartial(lnum[rows, :, :keep], lden[rows, :, :keep])
+            g.linear = LinearPartial(lnum[rows, :, :keep], lden[rows, :, :keep]) if self.fq is not None else None
             g.slots = g.linear_state = None
 
     def result(self) -> tuple[SoftmaxPartial, LinearPartial]:
@@ -170,34 +171,35 @@ class SegmentReads:
         self.flush()
         groups = self._groups
         b, h, t, d = self.q.shape
+        unread = None
+        if self.fq is None:  # the linear state is not read: a zero partial, no memory held
+            zero = torch.zeros((), dtype=torch.float32, device=self.q.device)
+            unread = LinearPartial(zero.expand(b, h, t, d), zero.expand(b, h, t))
         if self.uniform:
             if len(groups) == 1:
-                return groups[0].exact, groups[0].linear
+                return groups[0].exact, groups[0].linear if unread is None else unread
             cat = lambda xs: torch.cat(xs, dim=2)  # noqa: E731
-            return (
-                SoftmaxPartial(cat([g.exact.num for g in groups]), cat([g.exact.den for g in groups]), cat([g.exact.max for g in groups])),
-                LinearPartial(cat([g.linear.num for g in groups]), cat([g.linear.den for g in groups])),
-            )
+            exact = SoftmaxPartial(cat([g.exact.num for g in groups]), cat([g.exact.den for g in groups]), cat([g.exact.max for g in groups]))
+            if unread is not None:
+                return exact, unread
+            return exact, LinearPartial(cat([g.linear.num for g in groups]), cat([g.linear.den for g in groups]))
         device = self.q.device
         # One scratch entry past the end receives the writes of inactive group entries.
         out_e = SoftmaxPartial.empty(b, h, t + 1, d, device)
         f32 = dict(dtype=torch.float32, device=device)
-        out_l = LinearPartial(torch.zeros(b, h, t + 1, d, **f32), torch.zeros(b, h, t + 1, **f32))
+        out_l = LinearPartial(torch.zeros(b, h, t + 1, d, **f32), torch.zeros(b, h, t + 1, **f32)) if unread is None else None
         for g in groups:
             j = torch.arange(g.count, device=device)
             idx = torch.where(g.active, g.start[:, None] + j, t)
-            for dst, src in (
-                (out_e.num, g.exact.num),
-                (out_e.den, g.exact.den),
-                (out_e.max, g.exact.max),
-                (out_l.num, g.linear.num),
-                (out_l.den, g.linear.den),
-            ):
+            pairs = [(out_e.num, g.exact.num), (out_e.den, g.exact.den), (out_e.max, g.exact.max)]
+            if unread is None:
+                pairs += [(out_l.num, g.linear.num), (out_l.den, g.linear.den)]
+            for dst, src in pairs:
                 full = idx.view(b, 1, g.count, *([1] * (dst.dim() - 3))).expand_as(src)
                 dst.scatter_(2, full, src)
         return (
             SoftmaxPartial(out_e.num[:, :, :t], out_e.den[:, :, :t], out_e.max[:, :, :t]),
-            LinearPartial(out_l.num[:, :, :t], out_l.den[:, :, :t]),
+            unread if unread is not None else LinearPartial(out_l.num[:, :, :t], out_l.den[:, :, :t]),
         )
 
 

@@ -357,3 +357,55 @@ def test_attend_without_query_features_reads_no_linear_state_and_writes_the_same
     assert l1.den.any() or not s1["linear.s"].any()  # with features the linear state is read
     for key in s1:
         torch.testing.assert_close(s1[key], s2[key], msg=key)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    window=st.integers(1, 4),
+    sparse=st.integers(0, 4),
+    sinks=st.integers(0, 2),
+    chunk=st.integers(1, 5),
+    mixing=st.sampled_from(["lolcats", "softmax_only"]),
+    lead=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_one_token_per_row_at_different_positions_equals_each_row_alone(window, sparse, sinks, chunk, mixing, lead, seed):
+    """Single tokens of rows at different positions run as the loop's host case (each row's step
+    before its read, no device read): outputs and states equal each row's run in a batch of its own."""
+    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, mixing=mixing)
+    torch.manual_seed(seed)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    q, k, v = _inputs(2, lead + 2 * chunk + 3, 4, 2, 8, seed)
+    mask = torch.ones(2, lead + 1, dtype=torch.bool)
+    mask[0, :lead] = False  # row 0 starts `lead` tokens behind row 1
+    _, both = attn(q[:, : lead + 1], k[:, : lead + 1], v[:, : lead + 1], padding_mask=mask)
+    alone = []
+    for row in range(2):
+        start = lead if row == 0 else 0
+        _, st_ = attn(q[row : row + 1, start : lead + 1], k[row : row + 1, start : lead + 1], v[row : row + 1, start : lead + 1])
+        alone.append(st_)
+    for i in range(lead + 1, q.shape[1]):
+        qi, ki, vi = q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1]
+        with K.record_calls():
+            o, _ = attn(qi, ki, vi, state=both)
+        for row in range(2):
+            o_row, _ = attn(qi[row : row + 1], ki[row : row + 1], vi[row : row + 1], state=alone[row])
+            torch.testing.assert_close(o[row : row + 1], o_row, rtol=1e-5, atol=1e-5)
+    for row in range(2):
+        mine = _slots_in_position_order(alone[row].state_dict())
+        for key, t in _slots_in_position_order(both.state_dict()).items():
+            torch.testing.assert_close(t[row : row + 1], mine[key], msg=key)
+
+
+def _slots_in_position_order(state: dict) -> dict:
+    """The state with the sparse cache's slots sorted by position and empty slots zeroed (the
+    cache holds no order, and an empty slot's contents are not part of the state's meaning)."""
+    out = dict(state)
+    pos = state["sparse.pos"]
+    order = pos.argsort(dim=-1, stable=True)
+    held = pos.gather(-1, order) >= 0
+    out["sparse.pos"] = pos.gather(-1, order)
+    for name in ("sparse.k", "sparse.v"):
+        t = state[name].gather(2, order.unsqueeze(-1).expand_as(state[name]))
+        out[name] = torch.where(held.unsqueeze(-1), t, 0.0)
+    return out

@@ -33,7 +33,7 @@ from lola.memory.sinks import SinkTokens
 from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.schedules import UpdateSchedule
-from lola.segment_reads import SegmentReads, take_tokens
+from lola.segment_reads import DecodeRead, SegmentReads, take_tokens
 
 __all__ = ["LoLAMemory", "StateLayout", "check_state"]
 
@@ -381,58 +381,17 @@ class LoLAMemory:
         """
         self._require_allocated()
         b, h, t, d = q.shape
-        device = q.device
         # Pack each row's real tokens to the left, in order; rows then run independent schedules.
         packed = not bool(valid.all())
-        # Unpadded rows at the same position share every block boundary: blocks are then slices
-        # (no gathers or scatters) and the schedule is asked on the host.
-        uniform = not packed and self._rows_in_step()
+        # Unpadded rows whose blocks are known on the host: rows at the same position (they share
+        # every block boundary), or one token per row (its own block, wherever the row is).
+        host = not packed and (t == 1 or self._rows_in_step())
         order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True) if packed else None
         qp, fqp, kp, vp = (None if x is None else take_tokens(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
 
         track = bool(getattr(self.policy, "needs_attention", False))
-        reads = SegmentReads(self, qp, fqp, self.seen, scale, uniform=uniform, track=track)
-        # Packed index of each row's next token, and whether the row's last token stepped (its
-        # query then waits for the state after the step).
-        offset: int | torch.Tensor = 0 if uniform else torch.zeros(b, dtype=torch.long, device=device)
-        carried: int | torch.Tensor = 0 if uniform else torch.zeros(b, dtype=torch.long, device=device)
-        remaining = None if uniform else valid.sum(dim=1)
-        while (offset < t) if uniform else bool((remaining > 0).any()):
-            if uniform:
-                until = self._host_due()[0]
-                L = min(until, t - offset)
-                step = L == until
-                length, any_step = L, step
-                stepping = torch.full((b,), True, device=device) if step else None
-                pos = (self.seen[:, None] + torch.arange(L, device=device)).expand(b, L)
-                active = None
-                k_c, v_c = kp.narrow(2, offset, L), vp.narrow(2, offset, L)
-            else:
-                due = self._ask_schedule(self.seen)
-                length = torch.minimum(due, remaining)
-                stepping = (length == due) & (length > 0)
-                # One device read for the block's length, whether a step falls in it and the
-                # schedule's range (an answer of 0 would make empty blocks forever).
-                L, any_step, lo, hi = torch.stack([length.max(), stepping.any().long(), due.min(), due.max()]).tolist()
-                self._check_until(lo, hi)
-                L, any_step = int(L), bool(any_step)
-                j = torch.arange(L, device=device)
-                active = j[None, :] < length[:, None]  # [B, L]
-                idx = (offset[:, None] + j).clamp(max=t - 1)
-                pos = torch.where(active, self.seen[:, None] + j, -1)
-                k_c, v_c = take_tokens(kp, idx), take_tokens(vp, idx)
-
-            q_c = (qp.narrow(2, offset, L) if uniform else take_tokens(qp, idx)) if self.queries is not None else None
-            self._write_block(k_c, v_c, pos, length, q_c, active)
-            # The carried query and this block's queries up to (not including) a stepping one.
-            stepped = int(any_step) if uniform else stepping.long()
-            reads.add(offset - carried, carried + length - stepped)
-            if any_step:
-                self._step(stepping, feature_map_k, scale)
-            offset, carried = offset + length, stepped
-            if not uniform:
-                remaining = remaining - length
-        reads.add(offset - carried, carried)  # a step on the last token: its query reads the state after it
+        reads = SegmentReads(self, qp, fqp, self.seen, scale, uniform=host, track=track)
+        self._run_blocks(qp, kp, vp, valid, scale, feature_map_k, reads, host)
         exact, linear = reads.result()
         if not packed:
             return exact, linear
@@ -459,8 +418,9 @@ class LoLAMemory:
         gate: torch.Tensor,
         mixing: str,
     ) -> torch.Tensor:
-        """One new token per row (no padding): write it, run the step if it falls on it, then
-        read and mix with one :func:`lola.kernels.decode_step` call.
+        """One new token per row (no padding): the block loop's one-token case (the loop of
+        :meth:`attend`: write it, run the step if it falls on it), read and mixed with one
+        :func:`lola.kernels.decode_step` call (:class:`~lola.segment_reads.DecodeRead`).
 
         Equals :meth:`attend` on the same token followed by :func:`lola.core.mix` (tested).
 
@@ -473,24 +433,85 @@ class LoLAMemory:
         Returns:
             ``[B, H, D]`` float32 outputs.
         """
-        from lola.kernels import decode_step
-
         self._require_allocated()
         if not self.decodes_fused:
             raise RuntimeError(f"{self!r} cannot use the fused decode step (custom exact memories or attention-scored policy): use attend()")
-        seen = self._seen
-        # The schedule is asked on the host (counts kept there), once per step of some row.
-        due = self._host_due()
-        stepping = torch.tensor([d == 1 for d in due], device=seen.device) if 1 in due else None
-        self._write_block(k, v, seen[:, None], 1, q)
-        # After a step the schedule is asked again now, at the step, not on the next token.
-        self._due = [d - 1 for d in due] if stepping is None else self._host_due()
-        if stepping is not None:
-            self._step(stepping, feature_map_k, scale)
-        # Every stored slot is at or before the new token, so all are visible to it.
-        block = self._exact_slots()
-        H, s = self.linear.state if fq is not None else (None, None)
-        return decode_step(q[:, :, 0], block.k, block.v, block.pos, None if fq is None else fq[:, :, 0], H, s, gate, mixing, scale, check=False)
+        reads = DecodeRead(self, q, fq, scale, gate, mixing)
+        self._run_blocks(q, k, v, None, scale, feature_map_k, reads, host=True)
+        return reads.result()
+
+    def _run_blocks(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        valid: torch.Tensor | None,
+        scale: float,
+        feature_map_k: FeatureFn,
+        reads: SegmentReads | DecodeRead,
+        host: bool,
+    ) -> None:
+        """The block loop of prefill and decode alike: blocks end at schedule steps; a block's
+        tokens are written, its queries are read (``reads.add``: the carried query and the
+        block's queries up to, not including, one a step falls on), then the step runs; a query a
+        step falls on is read with the next block, against the state after the step.
+
+        Args:
+            q: ``[B, H, T, D]``; k, v: ``[B, Hs, T, D]``, each row's real tokens packed to the left.
+            valid: ``[B, T]`` real tokens (only read when not ``host``).
+            reads: where the queries' reads go (:class:`~lola.segment_reads.SegmentReads` for
+                partials, :class:`~lola.segment_reads.DecodeRead` for one mixed token per row).
+            host: every row takes all ``T`` tokens and each block's length is known on the host:
+                rows at one position (they share every block boundary), or ``T = 1`` (each row's
+                own step, if it falls on its token, runs before the read; a step changes only its
+                own rows, so the rows that do not step read the same state either way). Blocks are
+                then slices and no device value is read. Else the rows' blocks are asked of the
+                schedule on the device, one read per block.
+        """
+        b, t, device = q.shape[0], k.shape[2], k.device
+        # Packed index of each row's next token, and whether the row's last token stepped (its
+        # query then waits for the state after the step).
+        offset: int | torch.Tensor = 0 if host else torch.zeros(b, dtype=torch.long, device=device)
+        carried: int | torch.Tensor = 0 if host else torch.zeros(b, dtype=torch.long, device=device)
+        remaining = None if host else valid.sum(dim=1)
+        while (offset < t) if host else bool((remaining > 0).any()):
+            if host:
+                dues = self._host_due()
+                L = min(min(dues), t - offset)
+                steps = [d == L for d in dues]
+                length, any_step = L, any(steps)
+                stepping = (torch.full((b,), True, device=device) if all(steps) else torch.tensor(steps, device=device)) if any_step else None
+                pos = self.seen[:, None] if L == 1 else (self.seen[:, None] + torch.arange(L, device=device)).expand(b, L)
+                active = None
+                k_c, v_c = k.narrow(2, offset, L), v.narrow(2, offset, L)
+            else:
+                due = self._ask_schedule(self.seen)
+                length = torch.minimum(due, remaining)
+                stepping = (length == due) & (length > 0)
+                # One device read for the block's length, whether a step falls in it and the
+                # schedule's range (an answer of 0 would make empty blocks forever).
+                L, any_step, lo, hi = torch.stack([length.max(), stepping.any().long(), due.min(), due.max()]).tolist()
+                self._check_until(lo, hi)
+                L, any_step = int(L), bool(any_step)
+                j = torch.arange(L, device=device)
+                active = j[None, :] < length[:, None]  # [B, L]
+                idx = (offset[:, None] + j).clamp(max=t - 1)
+                pos = torch.where(active, self.seen[:, None] + j, -1)
+                k_c, v_c = take_tokens(k, idx), take_tokens(v, idx)
+
+            q_c = (q.narrow(2, offset, L) if host else take_tokens(q, idx)) if self.queries is not None else None
+            self._write_block(k_c, v_c, pos, length, q_c, active)
+            if host:  # the countdowns go on without asking the schedule, which is asked at a step
+                self._due = [d - L for d in dues] if not any_step else self._host_due()
+            # The carried query and this block's queries up to (not including) a stepping one.
+            stepped = int(any_step) if host else stepping.long()
+            reads.add(offset - carried, carried + length - stepped)
+            if any_step:
+                self._step(stepping, feature_map_k, scale)
+            offset, carried = offset + length, stepped
+            if not host:
+                remaining = remaining - length
+        reads.add(offset - carried, carried)  # a step on the last token: its query reads the state after it
 
     def _write_block(
         self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: int | torch.Tensor, q: torch.Tensor | None, active: torch.Tensor | None = None

@@ -1,8 +1,9 @@
 """The prompts and LoLA configs both sides of the equivalence test use (no dependencies)."""
 
 BASE = "LoLA keeps sinks, a sliding window, a sparse cache and a linear state. "
-# different lengths: under the window, over window + sparse cache (steps, evictions, linear state)
-PROMPTS = [(BASE * 8)[:300], (BASE * 4)[:150], BASE[:40], (BASE * 12)[:520]]
+# different lengths: under the window, over window + sparse cache (steps, evictions, linear state);
+# the first two of one length in characters (tokens, with a byte-level tokenizer): they prefill together
+PROMPTS = [(BASE * 8)[:300], (BASE * 8)[9:309], (BASE * 4)[:150], BASE[:40], (BASE * 12)[:520]]
 MAX_TOKENS = 16
 CONFIGS = {
     "softmax_only": {"window": 32, "sparse_size": 16, "sinks": 4, "chunk": 16},

@@ -51,10 +51,12 @@ def test_greedy_tokens_equal_lolas_own_transformers_path(llm):
     before = dict(CALLS)
     outs = llm.generate(prompts(CASE), SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
     assert [list(o.outputs[0].token_ids) for o in outs] == REFERENCE[CASE]
-    # LoLA served: prefills and decodes batched (two slots: the first two prompts prefill together),
-    # every new request's slot reset
+    # LoLA served: prefills and decodes batched (two slots: the first two prompts prefill together,
+    # in one call when they are of one length), every new request's slot reset
     assert CALLS["prefill_seqs"] > before["prefill_seqs"] and CALLS["decode_rows"] > before["decode_rows"]
-    assert CALLS["prefill_batches"] - before["prefill_batches"] < CALLS["prefill_seqs"] - before["prefill_seqs"]
+    first = [len(llm.get_tokenizer()(p).input_ids) for p in prompts(CASE)[:2]]
+    if first[0] == first[1]:
+        assert CALLS["prefill_batches"] - before["prefill_batches"] < CALLS["prefill_seqs"] - before["prefill_seqs"]
     assert CALLS["resets"] - before["resets"] >= len(prompts(CASE))
     # decode steps of the same running batch continue its live state: pages are read when the
     # batch changes, not every step (the tokens above hold it equal to reading them every step)

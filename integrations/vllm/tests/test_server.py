@@ -123,7 +123,7 @@ def _chat(base: str, content: str, stream: bool) -> list[int]:
 
 def test_eight_concurrent_clients_get_lolas_answers(server):
     base, _ = server
-    jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]  # 8 requests, 4 slots: queued and batched
+    jobs = [(p, stream) for p in PROMPTS for stream in (False, True)]  # 10 requests from 8 clients, 4 slots: queued and batched
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(lambda job: _completion(base, *job), jobs))
     assert answers == [EXPECTED[p] for p, _ in jobs]

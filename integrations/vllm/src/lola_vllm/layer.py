@@ -185,23 +185,27 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         return self.kv_cache[self._keys.index(key)]
 
     def _prefill(self, q, k, v, out, bounds, seen, slots) -> None:
-        """Every prefilling sequence in one call: rows right-padded to the longest, the padding
-        masked (rows are independent sequences; the engine packs each row's real tokens)."""
+        """The prefilling sequences, those of one length at one position in one call each: their
+        blocks then fall together, known on the host, with no padding (a padded batch of
+        unequal sequences reads each block's length back from the device and gathers its
+        tokens; the engine's chunked prefill mostly mixes the tail of one prompt with the head
+        of the next)."""
         H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
         spans = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        n, longest = len(spans), max(e - s for s, e in spans)
-        CALLS["prefill_seqs"] += n
-        CALLS["prefill_batches"] += 1
-        qp, kp, vp = q.new_zeros(n, longest, H, D), k.new_zeros(n, longest, Hk, D), v.new_zeros(n, longest, Hk, D)
-        real = torch.zeros(n, longest, dtype=torch.bool, device=q.device)
-        for row, (s, e) in enumerate(spans):
-            qp[row, : e - s], kp[row, : e - s], vp[row, : e - s] = q[s:e].view(-1, H, D), k[s:e].view(-1, Hk, D), v[s:e].view(-1, Hk, D)
-            real[row, : e - s] = True
-        mem = self._load(slots[:n], seen[:n])
-        o, mem = self.lola(qp, kp, vp, state=mem, padding_mask=None if n == 1 else real)
-        for row, (s, e) in enumerate(spans):
-            out[s:e] = o[row, : e - s].reshape(e - s, H * D)
-        self._store(slots[:n], mem)
+        counts = seen[: len(spans)].tolist()
+        groups: dict[tuple[int, int], list[int]] = {}
+        for row, ((s, e), n) in enumerate(zip(spans, counts)):
+            groups.setdefault((e - s, n), []).append(row)
+        CALLS["prefill_seqs"] += len(spans)
+        for (length, _), rows in groups.items():
+            CALLS["prefill_batches"] += 1
+            take = lambda x, heads: torch.stack([x[spans[r][0] : spans[r][1]].view(length, heads, D) for r in rows])  # noqa: E731
+            index = torch.tensor(rows, device=slots.device)
+            mem = self._load(slots.index_select(0, index), seen.index_select(0, index))
+            o, mem = self.lola(take(q, H), take(k, Hk), take(v, Hk), state=mem)
+            for i, r in enumerate(rows):
+                out[spans[r][0] : spans[r][1]] = o[i].reshape(length, H * D)
+            self._store(slots.index_select(0, index), mem)
 
 
 def lola_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:

@@ -122,18 +122,25 @@ def save(args: argparse.Namespace, part: str, rows: dict) -> None:
     json.dump(everything, open(args.results, "w"), indent=1)
 
 
-def concurrent(llm, prompts: list, max_tokens: int) -> tuple[float, int, int]:
-    """Submit every prompt at once and step the engine until all finish: ``(seconds, the most
-    requests that produced a token in one step, tokens generated)``. A request produces a token
-    in a step only while it is scheduled with its cache (queued and preempted requests do not),
-    so the most outputs of one step is the concurrency the cache allowed."""
+def submit(llm, prompts: list, max_tokens: int):
+    """Add every prompt to the engine as a request of ``max_tokens`` greedy tokens (no early end);
+    the engine, to step."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     tag = time.monotonic_ns()
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"capacity-{tag}-{i}", prompt, params)
+        engine.add_request(f"bench-{tag}-{i}", prompt, params)
+    return engine
+
+
+def concurrent(llm, prompts: list, max_tokens: int) -> tuple[float, int, int]:
+    """Submit every prompt at once and step the engine until all finish: ``(seconds, the most
+    requests that produced a token in one step, tokens generated)``. A request produces a token
+    in a step only while it is scheduled with its cache (queued and preempted requests do not),
+    so the most outputs of one step is the concurrency the cache allowed."""
+    engine = submit(llm, prompts, max_tokens)
     counts: dict[str, int] = {}
     most = 0
     t0 = time.perf_counter()
@@ -151,13 +158,7 @@ def timed_steps(llm, prompts: list, max_tokens: int) -> tuple[float, float, int]
     first token, seconds after that, tokens generated after that)``. Timing the engine's steps
     separates decode from prefill (a difference of two timed calls did not: at long contexts the
     prefill's noise exceeded the whole decode)."""
-    from vllm import SamplingParams
-
-    engine = llm.llm_engine
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    tag = time.monotonic_ns()
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"bench-{tag}-{i}", prompt, params)
+    engine = submit(llm, prompts, max_tokens)
     counts: dict[str, int] = {}
     t0 = time.perf_counter()
     first, at_first = None, 0

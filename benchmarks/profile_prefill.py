@@ -1,0 +1,62 @@
+"""Where one prefill of SmolLM2 goes: cProfile of a single forward over ``--tokens`` tokens.
+
+    python benchmarks/profile_prefill.py [--config uniform|calibrated|small|stock] [--tokens 1024] [--top 30]
+
+The model and the LoLA configs are those of ``benchmarks/generate.py`` (``uniform``: window
+60, sparse 192, sinks 4, chunk 64, SRE, as ``lola niah`` runs it; ``stock``: SDPA +
+DynamicCache). One warm-up forward, then one profiled forward on a fresh cache; prints the
+tokens/s of the profiled call (slowed by the profiler), the functions by own time, and lola's
+functions by cumulative time (the engine's parts: select-and-evict, reads, fold, writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generate import lola_config  # noqa: E402
+
+import lola  # noqa: E402
+from lola.eval.niah import NOISE  # noqa: E402
+from lola.integrations.transformers import LoLACache, apply_lola  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=("uniform", "calibrated", "small", "stock"), default="uniform")
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--top", type=int, default=30, help="rows of each table")
+    args = parser.parse_args()
+    model, tok = lola.models.load(args.model)
+    ids = tok("\n".join([NOISE] * (args.tokens // 10 + 100)), return_tensors="pt").input_ids[:, : args.tokens]
+    if args.config == "stock":
+        make_cache = DynamicCache
+    else:
+        apply_lola(model, lola_config(args.config, args.model))
+        make_cache = lambda: LoLACache(model)  # noqa: E731
+
+    def prefill() -> None:
+        with torch.inference_mode():
+            model(ids, cache=make_cache())
+
+    prefill()  # warm-up
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.runcall(prefill)
+    print(f"{args.config}: {ids.shape[1]} tokens in {time.perf_counter() - t0:.2f} s under the profiler")
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumtime").print_stats("lola/", args.top)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,6 +14,9 @@ partial and one linear read for up to :data:`READ_BYTES` of snapshots, instead o
 call per block. A policy that scores by attention (it must see the weights of a block before
 the step that follows it), a custom exact memory or a custom linear memory is read group by
 group, at once, through the memories' own ``read``.
+
+A decoded token (one per row) is read by :class:`DecodeRead` instead: one fused
+:func:`lola.kernels.decode_step` that reads and mixes, called by the same block loop.
 """
 
 from __future__ import annotations

@@ -207,9 +207,9 @@ def test_decode_under_autograd_has_the_gradients_of_one_call():
 
 @pytest.mark.parametrize("sparse", [{"sparse_size": 4}, {"sparse_size_per_head": [6, 0]}], ids=["uniform", "per-head budgets"])
 def test_decode_writes_in_place_between_steps(sparse):
-    """Between two steps a decode token allocates nothing: the window's ring storage (and the
-    block of exact slots it is a view into) keeps its memory, with uniform and with ragged
-    per-head sparse budgets (whose padded view must not be rebuilt per read)."""
+    """Between two steps a decode token allocates nothing: the window's ring storage (a range of
+    the layer's slot buffer, which the decode step reads as it is) keeps its memory, with
+    uniform and with per-head sparse budgets."""
     cfg = lola.LoLAConfig(window=8, sinks=2, chunk=8, **sparse)
     attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
     q, k, v = _inputs(2, 30, 4, 2, 16)

@@ -26,10 +26,12 @@ import torch
 
 from lola.core.checks import require
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
-from lola.memory.base import KVBlock, LinearMemory, QueryBlock, SinkMemory, SparseMemory, WindowMemory, check_role
+from lola.memory.base import ExactStore, KVBlock, LinearMemory, QueryBlock, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
+from lola.memory.slots import SlotBuffer
+from lola.memory.sparse import SparseCache
 from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.schedules import UpdateSchedule
@@ -143,7 +145,13 @@ class LoLAMemory:
         self.seen = None
         self.num_heads = 0
         self._spec_checked: tuple | None = None  # (layer, parts) a layer last validated
-        self._slots: tuple[KVBlock, list] | None = None  # see _exact_slots
+        # The one buffer of the exact slots, [sinks | sparse | window]: the stock stores are
+        # ranges of it (a custom store that keeps storage of its own stays outside).
+        self.slots = SlotBuffer([(m.name, m.capacity) for m in self.exact_memories if _binds(m)])
+        for m in self.exact_memories:
+            if _binds(m):
+                m.bind(self.slots)
+        self._whole = all(_binds(m) for m in self.exact_memories)  # the buffer holds every exact slot
 
     @property
     def seen(self) -> torch.Tensor | None:
@@ -194,8 +202,16 @@ class LoLAMemory:
         return 0 if self.seen is None else self.seen.shape[0]
 
     def nbytes(self) -> int:
-        """Bytes held by all memories of this layer (constant once allocated)."""
-        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+        """Bytes this layer's state holds (constant once allocated): the slot buffer, every slot
+        counted, empty or not (per-head sparse sizes give each head the largest head's slots:
+        :meth:`state_dict` saves them ragged), the linear state, the statistics and ``seen``."""
+        if self.seen is None:
+            return 0
+        held = self.slots.nbytes() + self.seen.numel() * self.seen.element_size()
+        for m in self._stateful():
+            if not (_binds(m) and m in self.exact_memories):
+                held += sum(t.numel() * t.element_size() for t in m.state_dict().values())
+        return held
 
     # -- allocation and persistence ------------------------------------------------------------
     def allocate(self, batch: int, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -223,8 +239,9 @@ class LoLAMemory:
             f"one layer's LoLA state ({sizes} slots × {storage_heads} K/V heads × head_dim {head_dim} in {dtype}, "
             f"a {feature_dim}×{head_dim} linear state per head, batch {batch}; with its {WORKING_COPIES - 1} working copies)",
         )
+        self.slots.allocate(batch, storage_heads, head_dim, dtype, device, track)
         for m in self.exact_memories:
-            m.allocate(batch, storage_heads, head_dim, dtype, device, track)
+            m.allocate(batch, storage_heads, head_dim, dtype, device, track)  # nothing to do for the buffer's
         self.linear.allocate(batch, num_heads, feature_dim, head_dim, device)
         if self.queries is not None:
             self.queries.allocate(batch, num_heads, head_dim, device)
@@ -257,6 +274,7 @@ class LoLAMemory:
             raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
         if check:
             check_state(state, self)
+        self._allocate_slots_for(state)
         known = {"seen"}
         for m in self._stateful():
             part = {k.split(".", 1)[1]: t for k, t in state.items() if k.startswith(m.name + ".")}
@@ -266,7 +284,6 @@ class LoLAMemory:
         if unknown:
             raise ValueError(f"state has unexpected keys {sorted(unknown)}")
         self.seen = state["seen"].clone()
-        self._slots = None
         if not self.linear.allocated or self.seen.shape[0] != self.linear.state[0].shape[0]:
             raise ValueError("state is inconsistent: 'seen' and 'linear.H' disagree on the batch size")
         self.num_heads = self.linear.state[0].shape[1]
@@ -342,9 +359,9 @@ class LoLAMemory:
         """Forget everything; the next call allocates afresh."""
         for m in self._stateful():
             m.reset()
+        self.slots.reset()
         self.seen = None
         self.num_heads = 0
-        self._slots = None
 
     def _stateful(self) -> list:
         return [*self.exact_memories, self.linear, *([self.queries] if self.queries is not None else [])]
@@ -548,28 +565,42 @@ class LoLAMemory:
         self.linear.write(*self._select(stepping, feature_map_k, scale))
 
     def _exact_slots(self) -> KVBlock:
-        """Every exact slot, ``[sinks | sparse | window]``, as one block for the decode step.
+        """Every exact slot, ``[sinks | sparse | window]``, as one block: the slot buffer itself
+        (no copy) when it holds them all; with a custom store of its own, the stores' blocks
+        concatenated (a copy per call)."""
+        if self._whole:
+            return self.slots.whole
+        return KVBlock.cat([m.block for m in self.exact_memories if m.capacity])
 
-        Built with one copy only when the sinks or the sparse cache replaced their tensors (at a
-        step); the shipped window's storage then becomes a view into it, so its in-place ring
-        writes land in the block directly: no copy and no allocation per decoded token. (The
-        sinks and sparse slots are held twice while decoding; ``nbytes`` counts the state once.
-        A memory that builds ``block`` on demand, such as a quantised cache, is copied in per
-        token.)
-        """
-        mems = [m for m in self.exact_memories if m.capacity]
-        sources = [t for m in mems for t in (m.block.k, m.block.v, m.block.pos)]
-        cached = self._slots
-        if cached is not None and len(cached[1]) == len(sources) and all(a is b for a, b in zip(cached[1], sources)):
-            return cached[0]
-        block = KVBlock.cat([m.block for m in mems])
-        if mems and mems[-1] is self.window and type(self.window) is SlidingWindow and self.window.block.acc is None:
-            # the shipped ring: its storage may live in the block (a custom window keeps its own)
-            n = self.window.capacity
-            self.window.block = KVBlock(block.k[:, :, -n:], block.v[:, :, -n:], block.pos[:, :, -n:])
-            sources[-3:] = [self.window.block.k, self.window.block.v, self.window.block.pos]
-        self._slots = (block, sources)
-        return block
+    def _snapshot_exact(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The exact slots as they are now, ``(k, v, pos)`` per block, for a read deferred past
+        later writes: the buffer's next write copies instead of overwriting them
+        (:meth:`_release_snapshots` when the deferred reads are done)."""
+        if self._whole:
+            w = self.slots.snapshot()
+            return [(w.k, w.v, w.pos)]
+        if self.slots.allocated:
+            self.slots.snapshot()
+        return [(m.block.k, m.block.v, m.block.pos) for m in self.exact_memories if m.capacity]
+
+    def _release_snapshots(self) -> None:
+        """No deferred read holds the slots any more: writes go in place again."""
+        self.slots.shared = False
+
+    def _allocate_slots_for(self, state: dict[str, torch.Tensor]) -> None:
+        """A fresh slot buffer of the geometry ``state`` holds (rows from ``seen``; heads, ``D``,
+        dtype and device from a stored memory's keys; attention tallies if it has them), for
+        the stores to load into."""
+        for m in self.exact_memories:
+            k = state.get(f"{m.name}.k")
+            if not _binds(m) or not isinstance(k, torch.Tensor) or k.dim() != 4:
+                continue
+            ragged = isinstance(m, SparseCache) and m.head_sizes is not None
+            heads = len(m.head_sizes) if ragged else k.shape[1]
+            track = any(key.endswith(".acc") for key in state)
+            self.slots.allocate(state["seen"].shape[0], heads, k.shape[3], k.dtype, k.device, track)
+            return
+        self.slots.reset()
 
     def _rows_in_step(self) -> bool:
         """Whether every row has seen the same number of tokens (known on the host)."""
@@ -644,7 +675,7 @@ class LoLAMemory:
             # per-memory partials, computed at once).
             from lola.kernels import softmax_partial
 
-            block = KVBlock.cat([m.block for m in mems if m.capacity])
+            block = self._exact_slots()
             return SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale, check=False)), []
         parts = [m.read(query, keep_logits) for m in mems]
         return merge_softmax_partials(parts), parts
@@ -708,6 +739,12 @@ class LoLAMemory:
             + (f", queries={self.queries!r}" if self.queries is not None else "")
             + ")"
         )
+
+
+def _binds(memory: object) -> bool:
+    """Whether ``memory`` keeps its slots in its composer's buffer (a stock store, or a subclass
+    that reads and writes them only through ``block``)."""
+    return isinstance(memory, ExactStore) and memory.binds
 
 
 def _describe(part: object) -> str:

@@ -7,8 +7,9 @@ of block ``i`` up to, not including, the one its own step falls on. Block ``i``'
 already written when its group reads, and they are all newer than the carried-over query, so
 the causal mask by position hides them from it: one read per block, none repeated.
 
-The memories replace their tensors rather than writing into them while a segment is attended,
-so the state a group reads is a set of tensor references (a *snapshot*). Reads of many groups
+A group's state is kept as tensor references (a *snapshot*): the slot buffer then copies on its
+next write instead of writing in place (:meth:`lola.LoLAMemory._snapshot_exact`), and the
+linear state is always replaced, never written into. Reads of many groups
 are therefore deferred and computed at once, the groups folded into the batch: one softmax
 partial and one linear read for up to :data:`READ_BYTES` of snapshots, instead of one small
 call per block. A policy that scores by attention (it must see the weights of a block before
@@ -102,7 +103,7 @@ class SegmentReads:
         group = _Group(query, start, longest, active)
         mem = self.memory
         if self.defer:
-            group.slots = [(m.block.k, m.block.v, m.block.pos) for m in mem.exact_memories if m.capacity]
+            group.slots = mem._snapshot_exact()
             group.linear_state = mem.linear.state if self.fq is not None else ()
             self._waiting.append(group)
             self._waiting_bytes += sum(t.numel() * t.element_size() for s in group.slots for t in s) + sum(
@@ -142,6 +143,7 @@ class SegmentReads:
         groups, self._waiting, self._waiting_bytes = self._waiting, [], 0
         if not groups:
             return
+        self.memory._release_snapshots()  # read below, before any later write
         longest = max(g.count for g in groups)
         n = len(groups)
 

@@ -32,14 +32,16 @@ def test_zero_capacity_evicts_everything():
     assert cache.select(cands, torch.zeros(1, 1, 2), torch.tensor([True])).valid.all()
 
 
-def test_per_head_sizes_store_only_their_slots():
-    # Ragged storage: bytes follow Σ λ_h, not max λ_h per head.
+def test_per_head_sizes_save_only_their_slots_and_count_what_they_hold():
+    # The saved state is ragged (Σ λ_h slots a row); the live slots give every head max λ_h,
+    # and nbytes counts what is held.
     cache = SparseCache([3, 0, 5])
     cache.allocate(2, 3, 4, torch.float32, torch.device("cpu"), False)
     state = cache.state_dict()
     assert state["k"].shape == (2, 1, 8, 4) and state["pos"].shape == (2, 1, 8)
-    assert cache.nbytes() == 2 * (2 * 8 * 4 * 4) + 2 * 8 * 8
-    assert cache.block.k.shape == (2, 3, 5, 4)  # the padded view the composer reads
+    assert sum(t.numel() * t.element_size() for t in state.values()) == 2 * (2 * 8 * 4 * 4) + 2 * 8 * 8
+    assert cache.block.k.shape == (2, 3, 5, 4)
+    assert cache.nbytes() == 2 * 3 * 5 * (2 * 4 * 4 + 8)
 
 
 def test_per_head_sizes_keep_each_heads_own_top():

@@ -18,6 +18,7 @@ from lola.memory.base import (
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
+from lola.memory.slots import SlotBuffer
 from lola.memory.sparse import SparseCache
 from lola.memory.window import SlidingWindow
 
@@ -36,6 +37,7 @@ __all__ = [
     "QueryBlock",
     "QueryStatistics",
     "SinkTokens",
+    "SlotBuffer",
     "SlidingWindow",
     "SparseCache",
     "exact_logits",

@@ -9,12 +9,15 @@ before the token (``0`` for the first real token of a row), so padding never get
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.kernels.softmax_partial.reference import masked_logits, partials_from_logits
+
+if TYPE_CHECKING:
+    from lola.memory.slots import SlotBuffer
 
 __all__ = [
     "EMPTY",
@@ -297,11 +300,61 @@ class ExactStore:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.capacity = int(capacity)
-        self.block: KVBlock | None = None
+        self._slots: SlotBuffer | None = None  # the layer's buffer once a composer binds this store
+        self._own: KVBlock | None = None  # storage of a store no composer owns
+
+    # -- storage ------------------------------------------------------------------------------
+    # A composer (:class:`lola.LoLAMemory`) binds its stock stores to one buffer of its own
+    # (:class:`lola.memory.SlotBuffer`): ``block`` is then a view of this store's range of it and
+    # assigning ``block`` writes into it. A store on its own keeps its own tensors.
+    @property
+    def block(self) -> KVBlock | None:
+        """The slots, ``[B, Hs, capacity, ·]`` (``None`` before allocation). Assigning a new
+        block replaces the contents (do not set the fields of the one read here: it may be a
+        view of the layer's shared buffer)."""
+        slots = self._slots
+        if slots is not None:
+            return slots.view(self.name) if slots.allocated else None
+        return self._own
+
+    @block.setter
+    def block(self, value: KVBlock | None) -> None:
+        if self._slots is None:
+            self._own = value
+        elif value is not None:  # a bound store's storage is freed by its owner
+            self._slots.write(self.name, value)
+
+    def bind(self, slots: "SlotBuffer") -> None:
+        """Keep the slots in ``slots`` (a range named :attr:`name`, ``capacity`` wide), the
+        buffer its composer owns; allocation is then the composer's."""
+        start, stop = slots.regions.get(self.name, (0, -1))
+        if stop - start != self.capacity:
+            raise ValueError(f"{slots!r} has no range of {self.capacity} slots named {self.name!r}")
+        self._slots, self._own = slots, None
+
+    @property
+    def binds(self) -> bool:
+        """Whether a composer may keep this store's slots in its buffer: the store reads and
+        writes them only through :attr:`block` (a subclass with storage of its own, such as a
+        quantised cache overriding ``block`` or ``allocate``, keeps it)."""
+        cls = type(self)
+        return cls.block is ExactStore.block and cls.allocate is ExactStore.allocate
+
+    def _writes_in_place(self, *tensors: torch.Tensor) -> bool:
+        """Whether this store may write ``tensors`` into its slots directly (see
+        :meth:`lola.memory.SlotBuffer.writes_in_place`); a store on its own may unless autograd
+        records the write."""
+        if self._slots is not None:
+            return self._slots.writes_in_place(*tensors)
+        b = self._own
+        return not (torch.is_grad_enabled() and (b.k.requires_grad or b.v.requires_grad or any(t.requires_grad for t in tensors)))
 
     # -- allocation ---------------------------------------------------------------------------
     def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, track_attention: bool) -> None:
-        """Allocate empty storage for ``batch`` rows and ``heads`` storage heads."""
+        """Allocate empty storage for ``batch`` rows and ``heads`` storage heads (a bound store's
+        buffer is allocated by its composer: nothing to do)."""
+        if self._slots is not None:
+            return
         n = self.capacity
         self.block = KVBlock(
             k=torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
@@ -344,17 +397,19 @@ class ExactStore:
         """Add attention mass ``weights [B, Hs, N]`` received by each slot (if tracked)."""
         block = self._require()
         if block.acc is not None:
-            block.acc = block.acc + weights.detach()
+            self.block = KVBlock(block.k, block.v, block.pos, block.acc + weights.detach())
 
     def nbytes(self) -> int:
-        if self.block is None:
+        """Bytes of the slots held (a bound store: its range of the layer's buffer)."""
+        block = self.block
+        if block is None:
             return 0
-        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+        return sum(t.numel() * t.element_size() for t in (block.k, block.v, block.pos, block.acc) if t is not None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.block is None:
             return {}
-        # contiguous: the window's storage may be a view into the composer's decode block
+        # contiguous: a bound store's slots are a range of the layer's buffer
         out = {"k": self.block.k.contiguous(), "v": self.block.v.contiguous(), "pos": self.block.pos.contiguous()}
         if self.block.acc is not None:
             out["acc"] = self.block.acc
@@ -374,10 +429,13 @@ class ExactStore:
                 f"got k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}"
             )
         acc = state.get("acc")
-        self.block = KVBlock(k.clone(), v.clone(), pos.clone(), None if acc is None else acc.clone())
+        if self._slots is not None:  # written into the buffer (a copy)
+            self.block = KVBlock(k, v, pos, acc)
+        else:
+            self.block = KVBlock(k.clone(), v.clone(), pos.clone(), None if acc is None else acc.clone())
 
     def reset(self) -> None:
-        self.block = None
+        self._own = None  # a bound store's buffer is reset by its composer
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.capacity})"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lola.core.partials import SoftmaxPartial
-from lola.memory.base import EMPTY, ExactStore, KVBlock, QueryBlock
+from lola.memory.base import EMPTY, ExactStore, KVBlock
 
 __all__ = ["SparseCache"]
 
@@ -17,10 +16,10 @@ class SparseCache(ExactStore):
     older than any query that reads it.
 
     With one size per storage head (calibrated budgets: retrieval heads get most slots,
-    streaming heads none), storage is *ragged*: one flat run of ``Σ λ_h`` slots per row,
-    head ``h`` owning ``λ_h`` of them, so the bytes held are the budget's and not
-    ``max λ_h`` per head. :attr:`block` still presents the usual ``[B, Hs, max λ_h, ·]``
-    view (built on demand, empty slots padded) to the composer and the policies.
+    streaming heads none), every head has ``max λ_h`` slots and head ``h`` fills only its
+    first ``λ_h`` (the others stay empty): the slots are one range of the layer's buffer, read
+    with the window's in one call. The saved state is *ragged*: one run of ``Σ λ_h`` slots per
+    row (:meth:`state_dict`), so what is saved or shipped holds the budget's bytes.
 
     Args:
         size: ``λ``, the number of slots per (row, storage head); or one size per storage head
@@ -34,44 +33,12 @@ class SparseCache(ExactStore):
         if not sizes or min(sizes) < 0:
             raise ValueError(f"sparse cache size must be >= 0 (or a non-empty list of such), got {size}")
         self.head_sizes = sizes if isinstance(size, (list, tuple)) else None
-        self._flat: KVBlock | None = None  # ragged storage: [B, 1, Σ λ_h, ·]
-        self._view: tuple[KVBlock, KVBlock] | None = None  # (the _flat it unpacks, the padded view)
         super().__init__(max(sizes))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.head_sizes if self.head_sizes else self.capacity})"
 
-    # -- ragged storage (per-head sizes) ---------------------------------------------------------
-    # With per-head sizes, ``block`` is a property: setting it packs head h's first λ_h slots
-    # (``select`` fills a head's slots from the left, so nothing valid is dropped) into the flat
-    # run; reading it unpacks them into a padded view, built once per new run: the flat run is
-    # only ever replaced, never written in place, so between two steps every read returns the
-    # same view (and the composer's block of exact slots, which checks its sources by identity,
-    # is reused while decoding instead of being rebuilt per token).
-    @property
-    def block(self) -> KVBlock | None:  # type: ignore[override]
-        if self.head_sizes is None:
-            return self._padded
-        if self._flat is None:
-            return None
-        if self._view is None or self._view[0] is not self._flat:
-            self._view = (self._flat, self._unpack(self._flat))
-        return self._view[1]
-
-    @block.setter
-    def block(self, value: KVBlock | None) -> None:
-        if self.head_sizes is None or value is None:
-            self._padded, self._flat = value, None
-            return
-        if value.k.shape[1] != len(self.head_sizes):
-            raise ValueError(f"sparse cache has {len(self.head_sizes)} per-head sizes for {value.k.shape[1]} storage heads")
-        slot = torch.arange(value.k.shape[2], device=value.pos.device)
-        sizes = torch.tensor(self.head_sizes, device=value.pos.device)
-        # (meta tensors hold no values: the layout a state must have is built on that device)
-        if value.pos.device.type != "meta" and bool((value.valid & (slot >= sizes.view(-1, 1))).any()):
-            raise RuntimeError("a head holds more tokens than its sparse size (internal error)")
-        self._flat = self._pack(value)
-
+    # -- the ragged saved state (per-head sizes) -------------------------------------------------
     def _segments(self) -> list[tuple[int, int]]:
         out, start = [], 0
         for n in self.head_sizes or []:
@@ -80,6 +47,14 @@ class SparseCache(ExactStore):
         return out
 
     def _pack(self, block: KVBlock) -> KVBlock:
+        """Head ``h``'s first ``λ_h`` slots, one after another: ``[B, 1, Σ λ_h, ·]``."""
+        if block.pos.shape[1] != len(self.head_sizes):
+            raise ValueError(f"sparse cache has {len(self.head_sizes)} per-head sizes for {block.pos.shape[1]} storage heads")
+        slot = torch.arange(block.size, device=block.pos.device)
+        beyond = slot >= torch.tensor(self.head_sizes, device=block.pos.device).view(-1, 1)
+        # (meta tensors hold no values: the layout a state must have is built on that device)
+        if block.pos.device.type != "meta" and bool((block.valid & beyond).any()):
+            raise RuntimeError("a head holds more tokens than its sparse size (internal error)")
         parts = [
             (block.k[:, h, :n], block.v[:, h, :n], block.pos[:, h, :n], None if block.acc is None else block.acc[:, h, :n])
             for h, (_, n) in enumerate(self._segments())
@@ -89,6 +64,7 @@ class SparseCache(ExactStore):
         return KVBlock(k, v, pos, acc)
 
     def _unpack(self, flat: KVBlock) -> KVBlock:
+        """The inverse of :meth:`_pack`: ``[B, Hs, max λ_h, ·]``, the slots past ``λ_h`` empty."""
         b, _, _, d = flat.k.shape
         hs, n = len(self.head_sizes), self.capacity
         k = flat.k.new_zeros(b, hs, n, d)
@@ -103,42 +79,16 @@ class SparseCache(ExactStore):
                 acc[:, h, :size] = flat.acc[:, 0, start : start + size]
         return KVBlock(k, v, pos, acc)
 
-    @property
-    def reads_block(self) -> bool:
-        # The padded block view reads the same partials as the ragged per-head read below.
-        return type(self).read is SparseCache.read
-
-    def read(self, query: QueryBlock, keep_logits: bool = False) -> SoftmaxPartial:
-        """Softmax partial of ``query`` over the cached slots; ragged storage is read head by
-        head (no padded copy), each storage head answering its group of query heads."""
-        if self.head_sizes is None or keep_logits:
-            return super().read(query, keep_logits)
-        from lola.kernels import softmax_partial
-
-        self._require()
-        flat = self._flat
-        b, h, l, d = query.q.shape
-        g = h // len(self.head_sizes)
-        parts = []
-        for i, (start, size) in enumerate(self._segments()):
-            q = query.q[:, i * g : (i + 1) * g]
-            if size == 0:
-                parts.append(SoftmaxPartial.empty(b, g, l, d, q.device))
-                continue
-            sl = slice(start, start + size)
-            parts.append(SoftmaxPartial(*softmax_partial(q, flat.k[:, :, sl], flat.v[:, :, sl], query.pos, flat.pos[:, :, sl], query.scale)))
-        return SoftmaxPartial(*(torch.cat([getattr(p, f) for p in parts], dim=1) for f in ("num", "den", "max")))
-
     def observe_attention(self, weights: torch.Tensor) -> None:
         block = self._require()
         if block.acc is not None:
             self.block = KVBlock(block.k, block.v, block.pos, block.acc + weights.detach())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Per-head sizes: the flat ``k, v [B, 1, Σ λ_h, D]``, ``pos [B, 1, Σ λ_h]`` (and ``acc``)."""
-        if self.head_sizes is None or self._flat is None:
+        """Per-head sizes: the ragged ``k, v [B, 1, Σ λ_h, D]``, ``pos [B, 1, Σ λ_h]`` (and ``acc``)."""
+        if self.head_sizes is None or self.block is None:
             return super().state_dict()
-        f = self._flat
+        f = self._pack(self.block)
         out = {"k": f.k, "v": f.v, "pos": f.pos}
         if f.acc is not None:
             out["acc"] = f.acc
@@ -158,8 +108,7 @@ class SparseCache(ExactStore):
                 f"SparseCache state with per-head sizes {self.head_sizes} must hold k, v [B, 1, {total}, D] and pos [B, 1, {total}], "
                 f"got k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}"
             )
-        acc = state.get("acc")
-        self._flat = KVBlock(k.clone(), v.clone(), pos.clone(), None if acc is None else acc.clone())
+        self.block = self._unpack(KVBlock(k, v, pos, state.get("acc")))
 
     def select(self, candidates: KVBlock, scores: torch.Tensor, rows: torch.Tensor) -> KVBlock:
         """Keep the top-``size`` candidates by score; return the rest.

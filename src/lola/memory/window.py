@@ -71,7 +71,7 @@ class SlidingWindow(ExactStore):
 
     def push(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, position: torch.Tensor | int) -> None:
         """Decode fast path: one token per row, written into its ring slot (in place unless
-        autograd needs the old contents). No overflow check: the composer guarantees a step
+        autograd or a deferred read needs the old contents). No overflow check: the composer guarantees a step
         at least every ``max_pending`` tokens.
 
         Args:
@@ -82,31 +82,31 @@ class SlidingWindow(ExactStore):
         """
         block = self._require()
         b, hs, cap = block.pos.shape
-        grad = torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or block.k.requires_grad or block.v.requires_grad)
+        if not self._writes_in_place(k, v):
+            # out of place: earlier reads may be saved for backward, or held by a deferred read
+            ring = torch.arange(cap, device=block.pos.device).view(1, 1, cap)
+            at = ring == (position if isinstance(position, int) else (position % cap).view(b, 1, 1))  # [B or 1, 1, cap]
+            self.block = KVBlock(
+                torch.where(at[..., None], k.to(block.k.dtype), block.k),
+                torch.where(at[..., None], v.to(block.v.dtype), block.v),
+                torch.where(at, pos.view(b, 1, 1), block.pos),
+                None if block.acc is None else torch.where(at, 0.0, block.acc),
+            )
+            return
         if isinstance(position, int):
-            if grad:  # out of place: earlier reads may be saved for backward
-                keep = torch.arange(cap, device=block.pos.device).view(1, 1, cap, 1) != position
-                block.k = torch.where(keep, block.k, k.to(block.k.dtype))
-                block.v = torch.where(keep, block.v, v.to(block.v.dtype))
-            else:
-                block.k.narrow(2, position, 1).copy_(k)
-                block.v.narrow(2, position, 1).copy_(v)
-            block.pos = block.pos.clone() if grad else block.pos
+            block.k.narrow(2, position, 1).copy_(k)
+            block.v.narrow(2, position, 1).copy_(v)
             block.pos.narrow(2, position, 1).copy_(pos.view(b, 1, 1))
             if block.acc is not None:
                 block.acc.narrow(2, position, 1).zero_()
             return
         slot = (position % cap).view(b, 1, 1).expand(b, hs, 1)
         kv_slot = slot.unsqueeze(-1).expand(b, hs, 1, k.shape[-1])
-        if grad:
-            block.k = block.k.scatter(2, kv_slot, k.to(block.k.dtype))
-            block.v = block.v.scatter(2, kv_slot, v.to(block.v.dtype))
-        else:
-            block.k.scatter_(2, kv_slot, k.to(block.k.dtype))
-            block.v.scatter_(2, kv_slot, v.to(block.v.dtype))
-        block.pos = block.pos.scatter(2, slot, pos.view(b, 1, 1).expand(b, hs, 1))
+        block.k.scatter_(2, kv_slot, k.to(block.k.dtype))
+        block.v.scatter_(2, kv_slot, v.to(block.v.dtype))
+        block.pos.scatter_(2, slot, pos.view(b, 1, 1).expand(b, hs, 1))
         if block.acc is not None:
-            block.acc = block.acc.scatter(2, slot, 0.0)
+            block.acc.scatter_(2, slot, 0.0)
 
     def pop_oldest(self, rows: torch.Tensor) -> KVBlock:
         """Remove all but the newest ``size`` tokens of the given rows.

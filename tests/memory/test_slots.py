@@ -1,0 +1,91 @@
+"""The slot buffer: one ``[B, Hs, N, ·]`` buffer of a layer's exact slots, each memory a range."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lola
+from lola.memory import KVBlock, SlotBuffer
+
+REGIONS = [("sinks", 2), ("sparse", 3), ("window", 4)]
+
+
+def _block(b: int, hs: int, n: int, d: int, seed: int) -> KVBlock:
+    g = torch.Generator().manual_seed(seed)
+    return KVBlock(torch.randn(b, hs, n, d, generator=g), torch.randn(b, hs, n, d, generator=g), torch.randint(-1, 50, (b, hs, n), generator=g))
+
+
+def test_views_are_ranges_of_the_buffer_and_writes_land_in_it():
+    slots = SlotBuffer(REGIONS)
+    slots.allocate(2, 3, 4, torch.float32, torch.device("cpu"), False)
+    base = slots.whole.k.untyped_storage().data_ptr()
+    for name, (a, b) in slots.regions.items():
+        view = slots.view(name)
+        assert view.k.untyped_storage().data_ptr() == base and view.k.shape == (2, 3, b - a, 4)
+        new = _block(2, 3, b - a, 4, seed=a)
+        slots.write(name, new)
+        assert torch.equal(slots.whole.k[:, :, a:b], new.k) and torch.equal(slots.whole.pos[:, :, a:b], new.pos)
+    assert slots.whole.k.untyped_storage().data_ptr() == base  # in place: nothing allocated
+    assert slots.nbytes() == 2 * 3 * 9 * (2 * 4 * 4 + 8)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([n for n, _ in REGIONS]), st.integers(0, 10**6), st.booleans()), min_size=1, max_size=12))
+def test_snapshots_keep_their_contents_and_writes_equal_plain_copies(writes):
+    """Property: whatever the writes and wherever snapshots are taken, each snapshot still holds
+    the buffer as it was when taken (copy-on-write), and the buffer equals one kept by plain
+    out-of-place copies of the same writes."""
+    slots = SlotBuffer(REGIONS)
+    slots.allocate(1, 2, 3, torch.float32, torch.device("cpu"), False)
+    plain = {f: getattr(slots.whole, f).clone() for f in ("k", "v", "pos")}
+    kept = []
+    for name, seed, snap in writes:
+        a, b = slots.regions[name]
+        new = _block(1, 2, b - a, 3, seed)
+        slots.write(name, new)
+        for f in plain:
+            plain[f] = torch.cat([plain[f][:, :, :a], getattr(new, f), plain[f][:, :, b:]], dim=2)
+        if snap:
+            kept.append((slots.snapshot(), {f: t.clone() for f, t in plain.items()}))
+    for f in plain:
+        assert torch.equal(getattr(slots.whole, f), plain[f])
+    for snapshot, expected in kept:
+        for f in expected:
+            assert torch.equal(getattr(snapshot, f), expected[f])
+
+
+def test_writes_under_autograd_are_recorded():
+    slots = SlotBuffer(REGIONS)
+    slots.allocate(1, 1, 2, torch.float32, torch.device("cpu"), False)
+    x = torch.randn(1, 1, 3, 2, requires_grad=True)
+    slots.write("sparse", KVBlock(x * 2, x.detach(), torch.zeros(1, 1, 3, dtype=torch.long)))
+    slots.whole.k.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 2.0))
+
+
+@given(st.sampled_from([{"sparse_size": 4}, {"sparse_size_per_head": [6, 0]}, {"sparse_size": 0}]), st.integers(20, 40))
+@settings(max_examples=10, deadline=None)
+def test_a_layer_keeps_every_exact_slot_in_one_buffer(sparse, tokens):
+    """Property: the stock memories of a layer are ranges of its one buffer, in read order
+    ``[sinks | sparse | window]``; prefill, decode and select-and-evict steps write into it
+    without replacing it, and the decode step reads the buffer itself."""
+    cfg = lola.LoLAConfig(window=8, sinks=2, chunk=8, **sparse)
+    attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
+    g = torch.Generator().manual_seed(tokens)
+    q, k, v = torch.randn(2, tokens, 4, 16, generator=g), torch.randn(2, tokens, 2, 16, generator=g), torch.randn(2, tokens, 2, 16, generator=g)
+    with torch.inference_mode():
+        _, state = attn(q[:, :17], k[:, :17], v[:, :17])
+        whole = state.slots.whole
+        base, row = whole.k.data_ptr(), whole.k.stride(2) * whole.k.element_size()
+        start = 0
+        for m in state.exact_memories:  # each memory a range, in read order
+            assert m.capacity == 0 or m.block.k.data_ptr() == base + start * row
+            start += m.capacity
+        assert start == whole.k.shape[2]
+        for i in range(17, tokens):  # decode through at least one step (every 8 tokens)
+            attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
+            assert state.slots.whole.k.data_ptr() == base and state._exact_slots() is state.slots.whole
+    held = sorted(int(p) for p in state.window.block.pos[0, 0] if p >= 0)
+    assert held[-1] == tokens - 1 and state.nbytes() == state.slots.nbytes() + sum(t.nbytes for t in (*state.linear.state, state.seen))

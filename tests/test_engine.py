@@ -28,13 +28,16 @@ def test_prefill_scores_per_step_and_reads_each_state_once():
     assert ops == {"self_recall_error": 40 // 8, "softmax_partial": 6}
 
 
+@pytest.mark.parametrize("mixing", ["softmax_only", "lola_authors"])
 @pytest.mark.parametrize("padded", [False, True], ids=["uniform rows", "padded rows"])
-def test_prefill_reads_deferred_and_batched_equal_reads_one_by_one(monkeypatch, padded):
+def test_prefill_reads_deferred_and_batched_equal_reads_one_by_one(monkeypatch, padded, mixing):
     """With a snapshot budget the groups' reads wait and run as one batched call (the path
-    accelerators take); one by one (a CPU's) they give the same partials, padded rows too."""
+    accelerators take); one by one (a CPU's) they give the same partials, padded rows too. The
+    snapshots survive the writes that follow them (the slots' and, when the output reads it,
+    the linear state's: both write in place otherwise)."""
     import lola.segment_reads as reads
 
-    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8, policy="sre")
+    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8, policy="sre", mixing=mixing)
     q, k, v = _inputs(2, 40, 4, 2, 16)
     mask = torch.ones(2, 40, dtype=torch.bool)
     if padded:
@@ -44,7 +47,7 @@ def test_prefill_reads_deferred_and_batched_equal_reads_one_by_one(monkeypatch, 
     for budget in (2**30, 0):
         monkeypatch.setattr(reads, "READ_BYTES_CPU", budget)
         attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
-        with K.record_calls() as calls:
+        with K.record_calls() as calls, torch.no_grad():  # (under autograd every write copies)
             outs.append(attn(q, k, v, padding_mask=mask if padded else None)[0])
         ops = {op: n for (op, _), n in calls.items()}
         if not padded:

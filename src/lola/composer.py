@@ -584,8 +584,10 @@ class LoLAMemory:
         return [(m.block.k, m.block.v, m.block.pos) for m in self.exact_memories if m.capacity]
 
     def _release_snapshots(self) -> None:
-        """No deferred read holds the slots any more: writes go in place again."""
+        """No deferred read holds the slots or the linear state any more: writes go in place again."""
         self.slots.shared = False
+        if isinstance(self.linear, LinearState):
+            self.linear.shared = False
 
     def _allocate_slots_for(self, state: dict[str, torch.Tensor]) -> None:
         """A fresh slot buffer of the geometry ``state`` holds (rows from ``seen``; heads, ``D``,

@@ -8,8 +8,8 @@ already written when its group reads, and they are all newer than the carried-ov
 the causal mask by position hides them from it: one read per block, none repeated.
 
 A group's state is kept as tensor references (a *snapshot*): the slot buffer then copies on its
-next write instead of writing in place (:meth:`lola.LoLAMemory._snapshot_exact`), and the
-linear state is always replaced, never written into. Reads of many groups
+next write instead of writing in place (:meth:`lola.LoLAMemory._snapshot_exact`), and so does
+the linear state (:meth:`lola.memory.LinearState.snapshot`). Reads of many groups
 are therefore deferred and computed at once, the groups folded into the batch: one softmax
 partial and one linear read for up to :data:`READ_BYTES` of snapshots, instead of one small
 call per block. A policy that scores by attention (it must see the weights of a block before
@@ -104,7 +104,7 @@ class SegmentReads:
         mem = self.memory
         if self.defer:
             group.slots = mem._snapshot_exact()
-            group.linear_state = mem.linear.state if self.fq is not None else ()
+            group.linear_state = mem.linear.snapshot() if self.fq is not None else ()
             self._waiting.append(group)
             self._waiting_bytes += sum(t.numel() * t.element_size() for s in group.slots for t in s) + sum(
                 t.numel() * t.element_size() for t in group.linear_state

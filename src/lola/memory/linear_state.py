@@ -23,6 +23,13 @@ class LinearState:
     def __init__(self) -> None:
         self.H: torch.Tensor | None = None
         self.s: torch.Tensor | None = None
+        self.shared = False  # a deferred read holds H, s: the next write replaces them
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(H, s)`` as they are now, kept intact: the next :meth:`write` replaces them instead
+        of adding into them."""
+        self.shared = True
+        return self.state
 
     def allocate(self, batch: int, heads: int, feature_dim: int, head_dim: int, device: torch.device) -> None:
         """Allocate a zero state."""
@@ -56,9 +63,14 @@ class LinearState:
         """
         H, s = self.state
         fk = torch.where(mask.unsqueeze(-1), fk.float(), 0.0)
-        # Out of place: earlier reads of H may be saved for autograd (training feature maps).
-        self.H = H + torch.matmul(fk.transpose(-1, -2), torch.where(mask.unsqueeze(-1), v.float(), 0.0))
-        self.s = s + fk.sum(dim=2)
+        dH = torch.matmul(fk.transpose(-1, -2), torch.where(mask.unsqueeze(-1), v.float(), 0.0))
+        if self.shared or (torch.is_grad_enabled() and (dH.requires_grad or H.requires_grad)):
+            # Out of place: earlier reads of H may be saved for autograd (training feature maps)
+            # or held by a deferred read.
+            self.H, self.s, self.shared = H + dH, s + fk.sum(dim=2), False
+        else:  # in place: the storage stays where it is (a bound state's pages)
+            H.add_(dH)
+            s.add_(fk.sum(dim=2))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.state_dict().values())
@@ -75,10 +87,11 @@ class LinearState:
         H, s = state["H"], state["s"]
         if H.dtype != torch.float32 or s.dtype != torch.float32 or H.dim() != 4 or s.shape != H.shape[:3]:
             raise ValueError(f"LinearState needs float32 H [B, H, F, D] and s [B, H, F], got {H.dtype} {tuple(H.shape)}, {s.dtype} {tuple(s.shape)}")
-        self.H, self.s = H.clone(), s.clone()
+        self.H, self.s, self.shared = H.clone(), s.clone(), False
 
     def reset(self) -> None:
         self.H = self.s = None
+        self.shared = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -36,6 +36,7 @@ from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.schedules import UpdateSchedule
 from lola.segment_reads import DecodeRead, SegmentReads, take_tokens
+from lola.state_pages import PageBinding, bind, page_layout, sync
 
 __all__ = ["LoLAMemory", "StateLayout", "check_state"]
 
@@ -152,6 +153,9 @@ class LoLAMemory:
             if _binds(m):
                 m.bind(self.slots)
         self._whole = all(_binds(m) for m in self.exact_memories)  # the buffer holds every exact slot
+        self._pages: PageBinding | None = None  # external buffers holding this state (bind_pages)
+        self._pushed: torch.Tensor | None = None  # a call's one ring slot per row, for the pages
+        self._ring_only = True
 
     @property
     def seen(self) -> torch.Tensor | None:
@@ -239,6 +243,7 @@ class LoLAMemory:
             f"one layer's LoLA state ({sizes} slots × {storage_heads} K/V heads × head_dim {head_dim} in {dtype}, "
             f"a {feature_dim}×{head_dim} linear state per head, batch {batch}; with its {WORKING_COPIES - 1} working copies)",
         )
+        self._pages = None
         self.slots.allocate(batch, storage_heads, head_dim, dtype, device, track)
         for m in self.exact_memories:
             m.allocate(batch, storage_heads, head_dim, dtype, device, track)  # nothing to do for the buffer's
@@ -274,6 +279,7 @@ class LoLAMemory:
             raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
         if check:
             check_state(state, self)
+        self._pages = None
         self._allocate_slots_for(state)
         known = {"seen"}
         for m in self._stateful():
@@ -351,6 +357,25 @@ class LoLAMemory:
             raise ValueError(f"index must give one row per row of other ({other.batch_size}), got shape {tuple(index.shape)}")
         self.load_state_dict({k: t.index_copy(0, index, theirs[k].to(t.device)) for k, t in ours.items()}, check=False)
 
+    # -- external buffers (a server's pages) -------------------------------------------------------
+    def page_layout(
+        self, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, seen: bool = False
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-row shape and dtype of each page a bound state needs (:func:`lola.state_pages.page_layout`)."""
+        return page_layout(self, num_heads, storage_heads, head_dim, feature_dim, dtype, seen)
+
+    def bind_pages(self, pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None) -> None:
+        """Keep this state in rows ``rows [B]`` of external buffers ``pages`` (a serving engine's
+        pages): contiguous rows are written in place, others gathered here and written back by
+        index after every call (:mod:`lola.state_pages`). Loading, reordering or resetting the
+        state unbinds it."""
+        bind(self, pages, rows, seen)
+
+    @property
+    def bound_pages(self) -> PageBinding | None:
+        """The external buffers this state lives in (``None``: its own storage)."""
+        return self._pages
+
     def _require_allocated(self) -> None:
         if self._seen is None:
             raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
@@ -360,6 +385,7 @@ class LoLAMemory:
         for m in self._stateful():
             m.reset()
         self.slots.reset()
+        self._pages = None
         self.seen = None
         self.num_heads = 0
 
@@ -486,6 +512,7 @@ class LoLAMemory:
                 schedule on the device, one read per block.
         """
         b, t, device = q.shape[0], k.shape[2], k.device
+        self._pushed, self._ring_only = None, True
         # Packed index of each row's next token, and whether the row's last token stepped (its
         # query then waits for the state after the step).
         offset: int | torch.Tensor = 0 if host else torch.zeros(b, dtype=torch.long, device=device)
@@ -529,6 +556,8 @@ class LoLAMemory:
             if not host:
                 remaining = remaining - length
         reads.add(offset - carried, carried)  # a step on the last token: its query reads the state after it
+        if self._pages is not None:
+            sync(self, self._pushed if self._ring_only else None)
 
     def _write_block(
         self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, length: int | torch.Tensor, q: torch.Tensor | None, active: torch.Tensor | None = None
@@ -550,18 +579,23 @@ class LoLAMemory:
         if past_sinks and k.shape[2] == 1 and active is None and hasattr(self.window, "push"):
             # Decode: rows in step write one ring slot known on the host, the others their own.
             self.window.push(k, v, pos, lo % self.window.capacity if lo == hi else self._seen)
+            self._pushed = pos[:, 0]  # (two pushes in one call have a step between them: whole rows sync)
         elif past_sinks:
             self.window.append(k, v, pos)
+            self._ring_only = False
         else:
             taken = self.sinks.write(k, v, pos)
             self.window.append(k, v, torch.where(taken, -1, pos))
+            self._ring_only = False
         self._advance(length)
         if self.queries is not None and q is not None:
+            self._ring_only = False
             self.queries.update(q, active if active is not None else torch.ones(pos.shape, dtype=torch.bool, device=pos.device))
 
     def _step(self, stepping: torch.Tensor, feature_map_k: FeatureFn, scale: float) -> None:
         """Select-and-evict for the rows in ``stepping [B]``, the survivors' rest folded into the
         linear state: the one step of prefill and decode alike."""
+        self._ring_only = False
         self.linear.write(*self._select(stepping, feature_map_k, scale))
 
     def _exact_slots(self) -> KVBlock:
@@ -684,6 +718,7 @@ class LoLAMemory:
 
     def _observe(self, parts: list[SoftmaxPartial], exact: SoftmaxPartial, counted: torch.Tensor) -> None:
         """Add each slot's softmax weight (normalised over the query's exact set) to its tally."""
+        self._ring_only = False
         m = torch.where(torch.isfinite(exact.max), exact.max, 0.0).unsqueeze(-1)
         den = exact.den.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
         for mem, part in zip(self.exact_memories, parts):

@@ -98,6 +98,7 @@ API_PAGES = {
     "lola.pretrained.lora": "pretrained.rst",
     "lola.limits": "lola.rst",
     "lola.memory.allocation": "lola.rst",
+    "lola.state_pages": "lola.rst",
     "lola.integrations.lm_eval": "lm_eval.rst",
     "lola.integrations.lm_eval.model": "lm_eval.rst",
     "lola.integrations.lm_eval.niah": "lm_eval.rst",

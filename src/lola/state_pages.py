@@ -1,0 +1,192 @@
+"""A layer's state kept in external buffers, one row per sequence (what a serving engine's pages are).
+
+A server allocates one tensor per state component, ``[slots, ...]`` with the per-row shapes
+:func:`page_layout` gives (the engine's own layout: the exact slots as one ``[Hs, N, D]``
+buffer, the linear state ``[H, F, D]``), and binds the rows of a batch to a
+:class:`lola.LoLAMemory` (:func:`bind`): row ``i`` of the state is page ``rows[i]``.
+
+- Rows that form one contiguous range are *views* of the pages: every write of the engine
+  (the window's ring slot, a select-and-evict step, the fold into the linear state) lands in
+  the pages in place; nothing is copied, nothing allocated.
+- Other rows are gathered once at :func:`bind` and written back by index after every call
+  (:func:`sync`): only the ring slot each row wrote when a call decoded one token per row with
+  no step, the whole rows otherwise. A server that decodes the same rows again keeps the bound
+  memory between calls instead of binding again (the pages stay current either way).
+
+``seen`` (each row's token count) is a page too when the pages have one, else the caller gives
+it to :func:`bind` (a server knows it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+import torch
+
+from lola.memory.base import EMPTY, KVBlock
+
+if TYPE_CHECKING:
+    from lola.composer import LoLAMemory
+
+__all__ = ["PageBinding", "bind", "clear_rows", "page_layout", "sync"]
+
+
+@dataclass
+class PageBinding:
+    """Where a bound state lives: ``pages`` (``{key: [slots, ...]}``), the page of each row
+    (``rows [B]`` int64), and the first page when the rows are one contiguous range (``None``
+    when they are gathered)."""
+
+    pages: dict[str, torch.Tensor]
+    rows: torch.Tensor
+    start: int | None
+
+
+def _require_bindable(memory: "LoLAMemory") -> None:
+    from lola.memory.linear_state import LinearState
+
+    if not memory._whole or type(memory.linear) is not LinearState:
+        raise ValueError(
+            f"{memory!r} cannot be bound to pages: binding needs the stock exact stores (all in the layer's slot buffer) and the stock LinearState"
+        )
+
+
+def page_layout(
+    memory: "LoLAMemory", num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, seen: bool = False
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Each page's per-row shape and dtype: ``slots.k``, ``slots.v`` ``[Hs, N, D]`` (``dtype``),
+    ``slots.pos`` ``[Hs, N]`` int64, ``slots.acc`` ``[Hs, N]`` float32 (policies that tally
+    attention), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
+    statistics' tensors (policies that read them) and, with ``seen``, ``seen`` ``[]`` int64."""
+    _require_bindable(memory)
+    n = memory.slots.width
+    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        "slots.k": ((storage_heads, n, head_dim), dtype),
+        "slots.v": ((storage_heads, n, head_dim), dtype),
+        "slots.pos": ((storage_heads, n), torch.long),
+    }
+    if getattr(memory.policy, "needs_attention", False):
+        out["slots.acc"] = ((storage_heads, n), torch.float32)
+    out["linear.H"] = ((num_heads, feature_dim, head_dim), torch.float32)
+    out["linear.s"] = ((num_heads, feature_dim), torch.float32)
+    if memory.queries is not None:
+        out.update(
+            {
+                f"{memory.queries.name}.n": ((num_heads,), torch.float32),
+                f"{memory.queries.name}.sum": ((num_heads, head_dim), torch.float32),
+                f"{memory.queries.name}.sq": ((num_heads, head_dim, head_dim), torch.float32),
+            }
+        )
+    if seen:
+        out["seen"] = ((), torch.long)
+    return out
+
+
+def clear_rows(pages: Mapping[str, torch.Tensor], rows: torch.Tensor) -> None:
+    """Make pages ``rows`` hold the empty state (a new sequence): positions ``-1``, the rest 0."""
+    for key, page in pages.items():
+        page.index_fill_(0, rows.to(page.device), EMPTY if key.endswith(".pos") else 0)
+
+
+def _contiguous_start(rows: torch.Tensor) -> int | None:
+    """The first page when ``rows`` is ``a, a+1, …`` (one host read of the rows), else ``None``."""
+    values = rows.tolist()
+    if values and values == list(range(values[0], values[0] + len(values))):
+        return values[0]
+    return None
+
+
+def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None) -> None:
+    """Make ``memory``'s state the rows ``rows [B]`` of ``pages`` (see the module's text).
+
+    Args:
+        pages: ``{key: [slots, *shape]}`` with the keys, per-row shapes and dtypes of
+            :func:`page_layout` (any geometry it allows), on one device.
+        rows: ``[B]`` int64 page of each row.
+        seen: ``[B]`` int64 tokens each row has seen; required when ``pages`` has no ``seen``.
+
+    Raises:
+        ValueError: naming the page and what was expected.
+    """
+    _require_bindable(memory)
+    pages = dict(pages)
+    k = pages.get("slots.k")
+    H = pages.get("linear.H")
+    if not isinstance(k, torch.Tensor) or k.dim() != 4 or not isinstance(H, torch.Tensor) or H.dim() != 4:
+        raise ValueError("pages must hold 'slots.k' [slots, Hs, N, D] and 'linear.H' [slots, H, F, D] (see lola.state_pages.page_layout)")
+    expected = page_layout(memory, H.shape[1], k.shape[1], k.shape[3], H.shape[2], k.dtype, seen="seen" in pages)
+    if set(pages) != set(expected):
+        raise ValueError(f"pages must hold exactly {sorted(expected)}, got {sorted(pages)}")
+    for key, (shape, dtype) in expected.items():
+        page = pages[key]
+        if tuple(page.shape[1:]) != shape or page.dtype != dtype or page.shape[0] != k.shape[0] or page.device != k.device:
+            raise ValueError(
+                f"pages[{key!r}] must be [{k.shape[0]}, {', '.join(map(str, shape))}] {dtype} on {k.device}, got {list(page.shape)} {page.dtype} on {page.device}"
+            )
+    rows = rows.to(device=k.device, dtype=torch.long)
+    if rows.dim() != 1 or (rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= k.shape[0])):
+        raise ValueError(f"rows must be a 1-D tensor of pages in [0, {k.shape[0]}), got {rows.tolist()}")
+    if "seen" not in pages and (seen is None or tuple(seen.shape) != tuple(rows.shape)):
+        raise ValueError(f"seen must give each of the {rows.numel()} rows its token count (the pages hold none)")
+    start = _contiguous_start(rows)
+
+    def take(page: torch.Tensor) -> torch.Tensor:
+        return page.narrow(0, start, rows.numel()) if start is not None else page.index_select(0, rows)
+
+    memory.slots._set(
+        KVBlock(take(pages["slots.k"]), take(pages["slots.v"]), take(pages["slots.pos"]), take(pages["slots.acc"]) if "slots.acc" in pages else None)
+    )
+    memory.linear.H, memory.linear.s, memory.linear.shared = take(pages["linear.H"]), take(pages["linear.s"]), False
+    if memory.queries is not None:
+        name = memory.queries.name
+        memory.queries.n, memory.queries.sum, memory.queries.sq = (take(pages[f"{name}.{f}"]) for f in ("n", "sum", "sq"))
+    memory.seen = (take(pages["seen"]) if "seen" in pages else seen.to(device=k.device, dtype=torch.long)).clone()
+    memory.num_heads = H.shape[1]
+    memory._pages = PageBinding(pages, rows, start)
+
+
+def _live(memory: "LoLAMemory") -> dict[str, torch.Tensor]:
+    """The bound state's tensors by page key."""
+    w = memory.slots.whole
+    out = {"slots.k": w.k, "slots.v": w.v, "slots.pos": w.pos, "linear.H": memory.linear.H, "linear.s": memory.linear.s}
+    if w.acc is not None:
+        out["slots.acc"] = w.acc
+    if memory.queries is not None:
+        out.update({f"{memory.queries.name}.{f}": getattr(memory.queries, f) for f in ("n", "sum", "sq")})
+    out["seen"] = memory.seen
+    return out
+
+
+def sync(memory: "LoLAMemory", pushed: torch.Tensor | None) -> None:
+    """Bring the bound pages up to date after a call.
+
+    Args:
+        pushed: ``[B]`` the positions written when the call only wrote one ring slot per row
+            (a decoded token, no step, nothing else changed), else ``None`` (whole rows).
+    """
+    bound = memory._pages
+    live = {key: t for key, t in _live(memory).items() if key in bound.pages}
+    if bound.start is not None:
+        # Views: what was written in place is there; a tensor replaced (copy-on-write) is
+        # copied back and the state bound to the pages again.
+        for key, t in live.items():
+            dst = bound.pages[key].narrow(0, bound.start, t.shape[0])
+            if t.data_ptr() != dst.data_ptr() or t.stride() != dst.stride():
+                dst.copy_(t)
+        if any(t.data_ptr() != bound.pages[k].narrow(0, bound.start, t.shape[0]).data_ptr() for k, t in live.items() if k != "seen"):
+            bind(memory, bound.pages, bound.rows, None if "seen" in bound.pages else memory.seen)
+        return
+    if pushed is None:
+        for key, t in live.items():
+            bound.pages[key].index_copy_(0, bound.rows, t)
+        return
+    # One token per row went into its ring slot: those slots (and the counts) are all that changed.
+    window = memory.window
+    cap, start = window.capacity, memory.slots.regions[window.name][0]
+    slot = start + pushed % cap  # [B]
+    b = torch.arange(slot.shape[0], device=slot.device)
+    for key in ("slots.k", "slots.v", "slots.pos"):
+        bound.pages[key][bound.rows, :, slot] = live[key][b, :, slot]
+    if "seen" in bound.pages:
+        bound.pages["seen"].index_copy_(0, bound.rows, memory.seen)

@@ -1,0 +1,131 @@
+"""A state bound to external buffers by row (a server's pages) runs as the same state held alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lola
+from lola.state_pages import clear_rows
+
+H, HKV, D = 4, 2, 8
+SLOTS = 6  # pages
+
+
+def _pages(attn: lola.LoLAAttention, state: lola.LoLAMemory, seen: bool = False) -> dict[str, torch.Tensor]:
+    layout = state.page_layout(H, attn.storage_heads(state), D, attn.feature_dim, torch.float32, seen=seen)
+    pages = {key: torch.empty(SLOTS, *shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+    for page in pages.values():  # garbage where no row is bound: clear_rows must reset it
+        page.copy_(torch.randint(-3, 50, page.shape) if not page.is_floating_point() else torch.randn(page.shape))
+    return pages
+
+
+def _live(state: lola.LoLAMemory) -> dict[str, torch.Tensor]:
+    w = state.slots.whole
+    return {"slots.k": w.k, "slots.v": w.v, "slots.pos": w.pos, "linear.H": state.linear.H, "linear.s": state.linear.s}
+
+
+CONFIGS = [
+    {"sparse_size": 3, "sinks": 2},
+    {"sparse_size_per_head": [4, 0], "sinks": 0},
+    {"sparse_size": 2, "sinks": 1, "schedule": "tokenwise"},
+]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.sampled_from(CONFIGS),
+    st.sampled_from(["contiguous", "scattered"]),
+    st.integers(1, 20),
+    st.lists(st.sampled_from(["decode", "bind-again", "prefill"]), min_size=1, max_size=14),
+    st.booleans(),
+)
+def test_a_state_bound_to_pages_runs_as_the_state_alone(sizes, placement, prefill, calls, seen_page):
+    """Property: whatever the config, the rows' pages (one contiguous range, or scattered) and the
+    calls (a prefill, decoded tokens across steps, binding the same rows again between calls),
+    the outputs equal those of the same state held alone, and after every call the pages hold
+    exactly that state; pages of other rows are not touched."""
+    cfg = lola.LoLAConfig(window=4, chunk=4, mixing="lola_authors", **sizes)
+    attn = lola.compose(cfg, num_heads=H, head_dim=D, num_kv_heads=HKV)
+    g = torch.Generator().manual_seed(prefill + 7 * len(calls))
+    steps = [prefill] + [3 if c == "prefill" else 1 for c in calls]
+    total = sum(steps)
+    q, k, v = (torch.randn(2, total, n, D, generator=g) for n in (H, HKV, HKV))
+    rows = torch.tensor([2, 3] if placement == "contiguous" else [4, 1])
+    with torch.no_grad():
+        ref, bound = attn.new_state(), attn.new_state()
+        ref.allocate(2, H, attn.storage_heads(ref), D, attn.feature_dim, torch.float32, torch.device("cpu"))
+        pages = _pages(attn, ref, seen=seen_page)
+        clear_rows(pages, rows)
+        others = {key: t[[0, 5]].clone() for key, t in pages.items()}
+        seen = torch.zeros(2, dtype=torch.long)
+        bound.bind_pages(pages, rows, seen=None if seen_page else seen)
+        at = 0
+        for i, n in enumerate(steps):
+            if i and calls[i - 1] == "bind-again":
+                bound = attn.new_state()
+                bound.bind_pages(pages, rows, seen=None if seen_page else torch.tensor([at, at]))
+            sl = slice(at, at + n)
+            o_ref, ref = attn(q[:, sl], k[:, sl], v[:, sl], state=ref)
+            o, bound = attn(q[:, sl], k[:, sl], v[:, sl], state=bound)
+            at += n
+            torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-6)
+            for key, t in _live(ref).items():
+                assert torch.equal(pages[key][rows], t), key
+            if seen_page:
+                assert pages["seen"][rows].tolist() == [at, at]
+        for key, t in others.items():
+            assert torch.equal(pages[key][[0, 5]], t), key
+
+
+def test_contiguous_rows_are_the_pages_themselves():
+    """Rows of one range are views: decoding through steps writes the pages in place, the
+    state's slots and linear state are the pages' memory, and no call copies them."""
+    cfg = lola.LoLAConfig(window=4, chunk=4, sparse_size=3, sinks=2, mixing="lola_authors")
+    attn = lola.compose(cfg, num_heads=H, head_dim=D, num_kv_heads=HKV)
+    q, k, v = (torch.randn(2, 30, n, D) for n in (H, HKV, HKV))
+    with torch.no_grad():
+        state = attn.new_state()
+        pages = _pages(attn, state, seen=True)
+        rows = torch.tensor([1, 2])
+        clear_rows(pages, rows)
+        ptrs = {key: t.data_ptr() for key, t in pages.items()}
+        state.bind_pages(pages, rows)
+        _, state = attn(q[:, :10], k[:, :10], v[:, :10], state=state)
+        for i in range(10, 30):  # five steps
+            _, state = attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
+            assert state.slots.whole.k.data_ptr() == pages["slots.k"][1].data_ptr()
+            assert state.linear.H.data_ptr() == pages["linear.H"][1].data_ptr()
+    assert {key: t.data_ptr() for key, t in pages.items()} == ptrs
+    assert pages["seen"][1:3].tolist() == [30, 30] and state.bound_pages is not None
+    state.select_rows(torch.tensor([1, 0]))  # a state of its own again
+    assert state.bound_pages is None and state.slots.whole.k.data_ptr() != pages["slots.k"][1].data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda p: p.pop("linear.s"), "must hold exactly"),
+        (lambda p: p.__setitem__("slots.pos", p["slots.pos"].int()), r"pages\['slots.pos'\] must be"),
+        (lambda p: p.__setitem__("slots.k", p["slots.k"][:, :, :-1]), r"pages\['slots.v'\] must be|pages\['slots.k'\] must be"),
+    ],
+)
+def test_pages_of_another_layout_are_refused(change, match):
+    attn = lola.compose(lola.LoLAConfig(window=4, chunk=4, sparse_size=3), num_heads=H, head_dim=D, num_kv_heads=HKV)
+    state = attn.new_state()
+    pages = _pages(attn, state)
+    change(pages)
+    with pytest.raises(ValueError, match=match):
+        state.bind_pages(pages, torch.tensor([0]), seen=torch.tensor([0]))
+
+
+def test_rows_and_counts_are_checked():
+    attn = lola.compose(lola.LoLAConfig(window=4, chunk=4, sparse_size=3), num_heads=H, head_dim=D, num_kv_heads=HKV)
+    state = attn.new_state()
+    pages = _pages(attn, state)
+    with pytest.raises(ValueError, match="rows must be"):
+        state.bind_pages(pages, torch.tensor([SLOTS]), seen=torch.tensor([0]))
+    with pytest.raises(ValueError, match="seen must give"):
+        state.bind_pages(pages, torch.tensor([0, 1]))

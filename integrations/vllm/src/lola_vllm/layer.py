@@ -2,17 +2,17 @@
 
 vLLM keeps one page of state per sequence slot and hands the layer one tensor per state
 (``self.kv_cache``, ``[slots, ...]``); each step's metadata lists the decode requests first
-(one token each) and then the prefills. The layer loads the rows of the batch's slots into a
-:class:`lola.LoLAMemory`, runs :class:`lola.LoLAAttention` (decodes batched, prefills batched)
-and writes the rows back. A slot that starts a new request is reset to the empty state first
-(vLLM does not clear slots).
+(one token each) and then the prefills. The pages are the engine's own layout
+(:func:`lola.state_pages.page_layout`: the exact slots as one buffer, the linear state), and
+the batch's rows are *bound* to them (:meth:`lola.LoLAMemory.bind_pages`): rows whose slots
+form one range are views of the pages, written in place; other rows are gathered once and the
+engine writes back by index what each call changed (one window slot per decoded row, whole
+rows at a select-and-evict step). A slot that starts a new request is cleared first (vLLM does
+not clear slots).
 
-The decoding rows stay live between steps: vLLM keeps a running batch for many steps, so when
-the next step decodes the same slots one token further, the layer continues the state it holds
-instead of reading the pages again. After each decode step the pages are brought up to date in
-place: the one window slot each row wrote (its key, value and position), or the whole state of
-the rows on a step that changed more (a select-and-evict step, every ``chunk`` tokens). A
-decode step of a running batch therefore reads no page and writes one slot per row.
+The decoding rows stay bound between steps: vLLM keeps a running batch for many steps, so when
+the next step decodes the same slots one token further, the layer continues the bound state
+instead of binding (gathering) again; the pages are current after every step either way.
 """
 
 import torch
@@ -27,11 +27,11 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from lola.layer import compose
-from lola.memory.window import SlidingWindow
 from lola.resolve import resolve_config
+from lola.state_pages import clear_rows
 
 #: What the layers of this process ran (tests read it to see that LoLA, not a fallback, served).
-CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0, "page_loads": 0, "live_steps": 0, "slot_writes": 0, "full_writes": 0}
+CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0, "page_binds": 0, "live_steps": 0}
 
 
 class LoLALlamaAttention(nn.Module, MambaBase):
@@ -70,14 +70,12 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         self.lola = compose(cfg, num_heads, self.head_dim, num_kv_heads, layer=layer)
         dtype = vllm_config.model_config.dtype
         t = self.lola.new_state()
-        t.allocate(1, num_heads, self.lola.storage_heads(t), self.head_dim, self.lola.feature_dim, dtype, torch.device("cpu"))
-        sd = {k: v[0] for k, v in t.state_dict().items() if k != "seen"}
+        layout = t.page_layout(num_heads, self.lola.storage_heads(t), self.head_dim, self.lola.feature_dim, dtype)
         # widest dtypes first: every state's byte offset in the page stays aligned for .view(dtype)
-        self._keys = sorted(sd, key=lambda k: -sd[k].element_size())
-        self._fresh = {k: sd[k] for k in self._keys}
-        self._shapes = tuple(tuple(sd[k].shape) for k in self._keys)
-        self._dtypes = tuple(sd[k].dtype for k in self._keys)
-        self._live = None  # (slots, their counts at the next step, the LoLAMemory of those rows)
+        self._keys = sorted(layout, key=lambda k: -torch.empty((), dtype=layout[k][1]).element_size())
+        self._shapes = tuple(layout[k][0] for k in self._keys)
+        self._dtypes = tuple(layout[k][1] for k in self._keys)
+        self._live = None  # (slots, their counts at the next step, the LoLAMemory bound to those rows)
         ctx = vllm_config.compilation_config.static_forward_context
         if prefix in ctx:
             raise ValueError(f"Duplicate layer name: {prefix}")
@@ -104,23 +102,18 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         o, _ = self.o_proj(out)
         return o
 
-    def _load(self, idx: torch.Tensor, seen: torch.Tensor):
+    def _bind(self, slots: torch.Tensor, seen: torch.Tensor):
+        """A state bound to the pages of ``slots``; those starting a request (``seen == 0``) are
+        cleared first."""
+        pages = dict(zip(self._keys, self.kv_cache))
         new = seen == 0
-        sd = {"seen": seen.to(torch.long)}
-        for key, t in zip(self._keys, self.kv_cache):
-            rows = t.index_select(0, idx)
-            if bool(new.any()):
-                CALLS["resets"] += int(new.sum())
-                rows[new] = self._fresh[key].to(rows.device)
-            sd[key] = rows
+        if bool(new.any()):
+            CALLS["resets"] += int(new.sum())
+            clear_rows(pages, slots[new])
+        CALLS["page_binds"] += 1
         mem = self.lola.new_state()
-        mem.load_state_dict(sd, check=False)  # its own pages, written by this layer
+        mem.bind_pages(pages, slots, seen=seen.to(torch.long))
         return mem
-
-    def _store(self, idx: torch.Tensor, mem) -> None:
-        sd = mem.state_dict()
-        for key, t in zip(self._keys, self.kv_cache):
-            t.index_copy_(0, idx, sd[key])
 
     def _forward(self, q, k, v, out) -> None:
         md = get_forward_context().attn_metadata
@@ -137,8 +130,7 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             rows, counts = slots[:nd], seen[:nd]
             mem = self._decode_state(rows, counts)
             o, mem = self.lola(q[:ndt].view(nd, 1, H, D), k[:ndt].view(nd, 1, Hk, D), v[:ndt].view(nd, 1, Hk, D), state=mem)
-            out[:ndt] = o.reshape(ndt, H * D)
-            self._update_pages(rows, counts, mem)
+            out[:ndt] = o.reshape(ndt, H * D)  # the pages are current: the engine wrote them
             self._live = (rows.clone(), counts + 1, mem)
         if md.num_prefills:
             prefilling = slots[nd : nd + md.num_prefills]
@@ -147,42 +139,13 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             self._prefill(q, k, v, out, qsl[nd : nd + md.num_prefills + 1], seen[nd:], slots[nd:])
 
     def _decode_state(self, slots: torch.Tensor, seen: torch.Tensor):
-        """The state of the decoding rows: the live one when the same slots decode again one token
-        further (its pages hold the same), else read from their pages."""
+        """The state of the decoding rows: the bound one when the same slots decode again one
+        token further (its pages hold the same), else bound to their pages anew."""
         live = self._live
         if live is not None and torch.equal(live[0], slots) and torch.equal(live[1], seen):
             CALLS["live_steps"] += 1
             return live[2]
-        CALLS["page_loads"] += 1
-        return self._load(slots, seen)
-
-    def _update_pages(self, slots: torch.Tensor, seen: torch.Tensor, mem) -> None:
-        """Bring the pages of the rows just decoded up to date: the one window slot each row wrote
-        (the token at position ``seen`` lives in ring slot ``seen % capacity``), or the whole
-        state when more changed: a schedule step, a sink, per-token statistics or attention
-        tallies, a custom window. Pages are current after every step, so nothing is ever written
-        back later (vLLM may hand a finished request's pages to another layer's group)."""
-        window = mem.window
-        simple = (
-            type(window) is SlidingWindow
-            and mem.queries is None
-            and window.block.acc is None
-            and int(seen.min()) >= mem.sinks.capacity
-            and not bool((mem.schedule.tokens_until_step(seen.to(torch.long)) == 1).any())
-        )
-        if not simple:
-            CALLS["full_writes"] += 1
-            self._store(slots, mem)
-            return
-        CALLS["slot_writes"] += 1
-        block, cap = window.block, window.capacity
-        ring = (seen.to(torch.long) % cap).to(block.k.device)
-        rows = torch.arange(ring.shape[0], device=ring.device)
-        for name, held in (("k", block.k), ("v", block.v), ("pos", block.pos)):
-            self._page(f"{window.name}.{name}")[slots, :, ring] = held[rows, :, ring]
-
-    def _page(self, key: str) -> torch.Tensor:
-        return self.kv_cache[self._keys.index(key)]
+        return self._bind(slots, seen)
 
     def _prefill(self, q, k, v, out, bounds, seen, slots) -> None:
         """The prefilling sequences, those of one length at one position in one call each: their
@@ -201,11 +164,10 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             CALLS["prefill_batches"] += 1
             take = lambda x, heads: torch.stack([x[spans[r][0] : spans[r][1]].view(length, heads, D) for r in rows])  # noqa: E731
             index = torch.tensor(rows, device=slots.device)
-            mem = self._load(slots.index_select(0, index), seen.index_select(0, index))
+            mem = self._bind(slots.index_select(0, index), seen.index_select(0, index))
             o, mem = self.lola(take(q, H), take(k, Hk), take(v, Hk), state=mem)
             for i, r in enumerate(rows):
                 out[spans[r][0] : spans[r][1]] = o[i].reshape(length, H * D)
-            self._store(slots.index_select(0, index), mem)
 
 
 def lola_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:

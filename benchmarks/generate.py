@@ -5,7 +5,8 @@
 Methods: stock (SDPA attention + DynamicCache) and LoLA (apply_lola + LoLACache, SRE) in each
 of ``--configs``: ``uniform`` and ``calibrated`` are the lola method as ``lola niah`` runs it
 (window 60, sparse 192 per K/V head, sinks 4, chunk 64), with uniform sizes and with the
-model's shipped calibrated budgets (the same bytes); ``small`` is window 64, sparse 64 (the
+model's shipped calibrated budgets (the same slots; the running state holds more bytes, see
+``benchmarks/state_bytes.py``); ``small`` is window 64, sparse 64 (the
 figures of docs/performance.md before 2026-12-02). For each method the context is built up by
 prefill in 1,024-token segments; at each context length, ``--decode`` greedy tokens are timed
 one by one.

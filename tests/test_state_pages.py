@@ -129,3 +129,29 @@ def test_rows_and_counts_are_checked():
         state.bind_pages(pages, torch.tensor([SLOTS]), seen=torch.tensor([0]))
     with pytest.raises(ValueError, match="seen must give"):
         state.bind_pages(pages, torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("rows", [[1, 2], [4, 0]], ids=["contiguous", "scattered"])
+def test_a_bound_decode_reads_nothing_back_between_steps(monkeypatch, rows):
+    """Decoding a bound state (its pages written in place, or written back by index) reads no
+    tensor value back to the host on a token without a step, as the unbound decode does."""
+    import lola.core.checks as checks
+    from tests.host_reads import count_host_reads
+
+    monkeypatch.setattr(checks, "HOST_DEVICES", frozenset())  # the CPU as an accelerator
+    cfg = lola.LoLAConfig(window=4, chunk=4, sparse_size=3, sinks=2, mixing="lola_authors")
+    attn = lola.compose(cfg, num_heads=H, head_dim=D, num_kv_heads=HKV)
+    q, k, v = (torch.randn(2, 24, n, D) for n in (H, HKV, HKV))
+    with torch.no_grad():
+        state = attn.new_state()
+        pages = _pages(attn, state)
+        index = torch.tensor(rows)
+        clear_rows(pages, index)
+        state.bind_pages(pages, index, seen=torch.zeros(2, dtype=torch.long))
+        _, state = attn(q[:, :9], k[:, :9], v[:, :9], state=state)
+        attn(q[:, 9:10], k[:, 9:10], v[:, 9:10], state=state)  # the first token reads the counts once
+        for i in range(10, 24):
+            with count_host_reads() as reads:
+                attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
+            stepping = i % 4 == 3
+            assert sum(reads.values()) <= (2 if stepping else 0), (i, dict(reads))

@@ -155,3 +155,24 @@ def test_a_bound_decode_reads_nothing_back_between_steps(monkeypatch, rows):
                 attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
             stepping = i % 4 == 3
             assert sum(reads.values()) <= (2 if stepping else 0), (i, dict(reads))
+
+
+def test_reads_deferred_past_later_writes_see_the_pages_as_they_were(monkeypatch):
+    """With the reads of a prefill deferred (an accelerator's path), a state bound to one range
+    of pages (its slots *are* the pages) or to scattered ones gives the outputs of the state held
+    alone: the pages are brought up to date only once every waiting read is done."""
+    import lola.segment_reads as reads
+
+    monkeypatch.setattr(reads, "READ_BYTES_CPU", 2**40)
+    cfg = lola.LoLAConfig(window=4, chunk=4, sparse_size=3, sinks=2, mixing="lola_authors")
+    attn = lola.compose(cfg, num_heads=H, head_dim=D, num_kv_heads=HKV)
+    q, k, v = (torch.randn(1, 20, n, D) for n in (H, HKV, HKV))
+    with torch.no_grad():
+        expected, _ = attn(q, k, v)
+        for rows in ([1], [4]):
+            state = attn.new_state()
+            pages = _pages(attn, state)
+            clear_rows(pages, torch.tensor(rows))
+            state.bind_pages(pages, torch.tensor(rows), seen=torch.zeros(1, dtype=torch.long))
+            out, _ = attn(q, k, v, state=state)
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)

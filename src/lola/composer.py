@@ -214,7 +214,7 @@ class LoLAMemory:
         held = self.slots.nbytes() + self.seen.numel() * self.seen.element_size()
         for m in self._stateful():
             if not (_binds(m) and m in self.exact_memories):
-                held += sum(t.numel() * t.element_size() for t in m.state_dict().values())
+                held += m.nbytes()
         return held
 
     # -- allocation and persistence ------------------------------------------------------------
@@ -557,6 +557,8 @@ class LoLAMemory:
                 remaining = remaining - length
         reads.add(offset - carried, carried)  # a step on the last token: its query reads the state after it
         if self._pages is not None:
+            if isinstance(reads, SegmentReads):
+                reads.flush()  # a waiting read may hold the pages themselves: read before they change
             sync(self, self._pushed if self._ring_only else None)
 
     def _write_block(

@@ -45,10 +45,13 @@ class PageBinding:
 
 def _require_bindable(memory: "LoLAMemory") -> None:
     from lola.memory.linear_state import LinearState
+    from lola.memory.window import SlidingWindow
 
-    if not memory._whole or type(memory.linear) is not LinearState:
+    # (the write-back of a decoded token assumes the stock ring: token p in slot p % capacity)
+    if not memory._whole or type(memory.linear) is not LinearState or getattr(type(memory.window), "push", None) is not SlidingWindow.push:
         raise ValueError(
-            f"{memory!r} cannot be bound to pages: binding needs the stock exact stores (all in the layer's slot buffer) and the stock LinearState"
+            f"{memory!r} cannot be bound to pages: binding needs the stock exact stores (all in the layer's slot buffer, "
+            "the window's ring writes of SlidingWindow) and the stock LinearState"
         )
 
 
@@ -127,6 +130,8 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
     rows = rows.to(device=k.device, dtype=torch.long)
     if rows.dim() != 1 or (rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= k.shape[0])):
         raise ValueError(f"rows must be a 1-D tensor of pages in [0, {k.shape[0]}), got {rows.tolist()}")
+    if rows.unique().numel() != rows.numel():
+        raise ValueError(f"rows must name each page once (two rows in one page would overwrite each other), got {rows.tolist()}")
     if "seen" not in pages and (seen is None or tuple(seen.shape) != tuple(rows.shape)):
         raise ValueError(f"seen must give each of the {rows.numel()} rows its token count (the pages hold none)")
     start = _contiguous_start(rows)
@@ -175,7 +180,9 @@ def sync(memory: "LoLAMemory", pushed: torch.Tensor | None) -> None:
             if t.data_ptr() != dst.data_ptr() or t.stride() != dst.stride():
                 dst.copy_(t)
         if any(t.data_ptr() != bound.pages[k].narrow(0, bound.start, t.shape[0]).data_ptr() for k, t in live.items() if k != "seen"):
+            counts = (memory._seen_host, memory._due)  # the host's counts stay known
             bind(memory, bound.pages, bound.rows, None if "seen" in bound.pages else memory.seen)
+            memory._seen_host, memory._due = counts
         return
     if pushed is None:
         for key, t in live.items():

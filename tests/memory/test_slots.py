@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,7 +26,8 @@ def test_views_are_ranges_of_the_buffer_and_writes_land_in_it():
         view = slots.view(name)
         assert view.k.untyped_storage().data_ptr() == base and view.k.shape == (2, 3, b - a, 4)
         new = _block(2, 3, b - a, 4, seed=a)
-        slots.write(name, new)
+        with torch.no_grad():  # (with autograd on, a write copies: a read may be saved for backward)
+            slots.write(name, new)
         assert torch.equal(slots.whole.k[:, :, a:b], new.k) and torch.equal(slots.whole.pos[:, :, a:b], new.pos)
     assert slots.whole.k.untyped_storage().data_ptr() == base  # in place: nothing allocated
     assert slots.nbytes() == 2 * 3 * 9 * (2 * 4 * 4 + 8)
@@ -89,3 +91,37 @@ def test_a_layer_keeps_every_exact_slot_in_one_buffer(sparse, tokens):
             assert state.slots.whole.k.data_ptr() == base and state._exact_slots() is state.slots.whole
     held = sorted(int(p) for p in state.window.block.pos[0, 0] if p >= 0)
     assert held[-1] == tokens - 1 and state.nbytes() == state.slots.nbytes() + sum(t.nbytes for t in (*state.linear.state, state.seen))
+
+
+@pytest.mark.parametrize("policy", ["sre", "attention"])
+def test_backward_through_a_prefill_when_only_the_queries_need_gradients(policy):
+    """A query that needs gradients reads the slots and the linear state, and autograd saves
+    them: later steps must not write into them, even when nothing else needs gradients (frozen
+    feature maps, a LoRA on the query projection only)."""
+    cfg = lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8, policy=policy, mixing="lolcats" if policy == "sre" else "softmax_only")
+    attn = lola.compose(cfg, num_heads=2, head_dim=16, num_kv_heads=2)
+    for p in attn.parameters():
+        p.requires_grad_(False)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 64, 2, 16, generator=g, requires_grad=True)
+    k, v = torch.randn(1, 64, 2, 16, generator=g), torch.randn(1, 64, 2, 16, generator=g)
+    out, _ = attn(q, k, v)
+    out.square().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_a_state_dict_is_a_record_of_its_moment():
+    """The slots and the linear state are written in place as a state runs on; a state dict
+    taken earlier keeps what it held (and is contiguous, safetensors-ready)."""
+    cfg = lola.LoLAConfig(window=4, sparse_size=4, sinks=2, chunk=4, policy="attention", mixing="lola_authors")
+    attn = lola.compose(cfg, num_heads=2, head_dim=8, num_kv_heads=1)
+    q, k, v = torch.randn(1, 20, 2, 8), torch.randn(1, 20, 1, 8), torch.randn(1, 20, 1, 8)
+    with torch.no_grad():
+        _, state = attn(q[:, :10], k[:, :10], v[:, :10])
+        saved = state.state_dict()
+        kept = {key: t.clone() for key, t in saved.items()}
+        for i in range(10, 20):
+            _, state = attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
+    assert all(torch.equal(saved[key], kept[key]) for key in kept)
+    assert all(t.is_contiguous() for t in saved.values())
+    assert not torch.equal(state.state_dict()["linear.H"], saved["linear.H"])

@@ -340,14 +340,13 @@ class ExactStore:
         cls = type(self)
         return cls.block is ExactStore.block and cls.allocate is ExactStore.allocate
 
-    def _writes_in_place(self, *tensors: torch.Tensor) -> bool:
-        """Whether this store may write ``tensors`` into its slots directly (see
-        :meth:`lola.memory.SlotBuffer.writes_in_place`); a store on its own may unless autograd
-        records the write."""
+    def _writes_in_place(self) -> bool:
+        """Whether this store may write into its slots directly (see
+        :meth:`lola.memory.SlotBuffer.writes_in_place`); a store on its own may when autograd
+        is off."""
         if self._slots is not None:
-            return self._slots.writes_in_place(*tensors)
-        b = self._own
-        return not (torch.is_grad_enabled() and (b.k.requires_grad or b.v.requires_grad or any(t.requires_grad for t in tensors)))
+            return self._slots.writes_in_place()
+        return not torch.is_grad_enabled()
 
     # -- allocation ---------------------------------------------------------------------------
     def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, track_attention: bool) -> None:
@@ -409,10 +408,10 @@ class ExactStore:
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.block is None:
             return {}
-        # contiguous: a bound store's slots are a range of the layer's buffer
-        out = {"k": self.block.k.contiguous(), "v": self.block.v.contiguous(), "pos": self.block.pos.contiguous()}
-        if self.block.acc is not None:
-            out["acc"] = self.block.acc
+        # copies: the slots are written in place later (and a bound store's are a range of the
+        # layer's buffer); a state dict is a record of now, safetensors-ready
+        b = self.block
+        out = {name: t.clone(memory_format=torch.contiguous_format) for name, t in (("k", b.k), ("v", b.v), ("pos", b.pos), ("acc", b.acc)) if t is not None}
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -64,19 +64,20 @@ class LinearState:
         H, s = self.state
         fk = torch.where(mask.unsqueeze(-1), fk.float(), 0.0)
         dH = torch.matmul(fk.transpose(-1, -2), torch.where(mask.unsqueeze(-1), v.float(), 0.0))
-        if self.shared or (torch.is_grad_enabled() and (dH.requires_grad or H.requires_grad)):
-            # Out of place: earlier reads of H may be saved for autograd (training feature maps)
-            # or held by a deferred read.
+        if self.shared or torch.is_grad_enabled():
+            # Out of place: an earlier read of H may be saved for autograd (a query that needs
+            # gradients reads it) or held by a deferred read.
             self.H, self.s, self.shared = H + dH, s + fk.sum(dim=2), False
         else:  # in place: the storage stays where it is (a bound state's pages)
             H.add_(dH)
             s.add_(fk.sum(dim=2))
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+        return 0 if self.H is None else self.H.nbytes + self.s.nbytes
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {} if self.H is None else {"H": self.H, "s": self.s}
+        """Copies of ``H, s`` (they are added into in place later)."""
+        return {} if self.H is None else {"H": self.H.clone(), "s": self.s.clone()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if not state:

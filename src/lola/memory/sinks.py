@@ -48,19 +48,6 @@ class SinkTokens(ExactStore):
         pbuf.scatter_(2, idx, torch.where(taken, pos, EMPTY)[:, None, :].expand(-1, hs, -1))
         self.block = KVBlock(kv[0], kv[1], pbuf[:, :, : self.capacity], block.acc)
         return taken
-        hs, d = k.shape[1], k.shape[-1]
-        # Untaken tokens are routed to a scratch slot past the end, then dropped.
-        slot = torch.where(taken, pos, self.capacity)  # [B, L]
-        idx = slot[:, None, :].expand(-1, hs, -1)
-        for name, src in (("k", k), ("v", v)):
-            dst = getattr(block, name)
-            buf = torch.cat([dst, dst.new_zeros(dst.shape[0], hs, 1, d)], dim=2)
-            buf.scatter_(2, idx.unsqueeze(-1).expand(-1, -1, -1, d), src.to(dst.dtype))
-            setattr(block, name, buf[:, :, : self.capacity])
-        pbuf = torch.cat([block.pos, block.pos.new_full((block.pos.shape[0], hs, 1), EMPTY)], dim=2)
-        pbuf.scatter_(2, idx, torch.where(taken, pos, EMPTY)[:, None, :].expand(-1, hs, -1))
-        block.pos = pbuf[:, :, : self.capacity]
-        return taken
 
     @property
     def contents(self) -> KVBlock:

@@ -6,8 +6,9 @@ read order ``[sinks | sparse | window]``. Each memory's :attr:`~lola.memory.Exac
 is a view of its range: the decode step reads the whole buffer as it is (nothing is
 concatenated or copied per token), and a memory's writes land in the buffer.
 
-Writes go in place, except when the old contents must survive them: autograd may have saved
-them for backward (training feature maps), or a deferred read holds a *snapshot* of them
+Writes go in place, except when the old contents must survive them: under autograd (a read
+may have been saved for backward: training feature maps, LoRA), or while a deferred read holds
+a *snapshot* of them
 (:class:`lola.segment_reads.SegmentReads` on an accelerator). Then the buffer's tensors are
 replaced, copy-on-write, and the memories' views follow.
 """
@@ -93,7 +94,7 @@ class SlotBuffer:
         when attention is not tracked; required when it is).
 
         In place, a field at a time (a field that already is the view is left alone); out of
-        place when the buffer is shared with a snapshot or autograd records the write.
+        place when the buffer is shared with a snapshot or autograd is on.
         """
         view = self.view(name)
         fields = ("k", "v", "pos", "acc") if self.whole.acc is not None else ("k", "v", "pos")
@@ -102,25 +103,29 @@ class SlotBuffer:
         changed = [f for f in fields if getattr(block, f) is not getattr(view, f)]
         if not changed:
             return
-        if self.shared or _records_grad(block, self.whole):
-            # Every field is replaced (the unchanged ones cloned): the snapshot's tensors must not
-            # see the in-place writes that follow.
+        if not self.writes_in_place():
+            # Every field is replaced (the unchanged ones cloned): neither a snapshot nor a tensor
+            # autograd saved may see the in-place writes that follow.
             a, b = self.regions[name]
             w = self.whole
-            new = {f: None if getattr(w, f) is None else getattr(w, f).clone() for f in ("k", "v", "pos", "acc")}
-            for f in changed:
-                new[f] = torch.slice_scatter(getattr(w, f), getattr(block, f).to(getattr(w, f).dtype), dim=2, start=a, end=b)
+            new = {}
+            for f in ("k", "v", "pos", "acc"):
+                old = getattr(w, f)
+                if old is None or f not in changed:
+                    new[f] = None if old is None else old.clone()
+                else:
+                    new[f] = torch.slice_scatter(old, getattr(block, f).to(old.dtype), dim=2, start=a, end=b)
             self._set(KVBlock(**new))
             return
         for f in changed:
             getattr(view, f).copy_(getattr(block, f))
 
-    def writes_in_place(self, *tensors: torch.Tensor) -> bool:
-        """Whether a memory may write ``tensors`` into its view directly (not shared, and
-        autograd records nothing)."""
-        return not self.shared and not (
-            torch.is_grad_enabled() and (self.whole.k.requires_grad or self.whole.v.requires_grad or any(t.requires_grad for t in tensors))
-        )
+    def writes_in_place(self) -> bool:
+        """Whether a memory may write into its view directly: no snapshot holds the buffer, and
+        autograd is off (with it on, a read of the slots may have been saved for backward: a
+        query that needs gradients reads them, whatever else does; inference runs under
+        ``torch.no_grad`` or ``torch.inference_mode``)."""
+        return not self.shared and not torch.is_grad_enabled()
 
     def nbytes(self) -> int:
         """Bytes held (every slot, empty or not)."""
@@ -135,9 +140,3 @@ class SlotBuffer:
 
     def __repr__(self) -> str:
         return f"SlotBuffer({', '.join(f'{n}={b - a}' for n, (a, b) in self.regions.items())})"
-
-
-def _records_grad(block: KVBlock, whole: KVBlock) -> bool:
-    """Whether autograd would record a write of ``block`` into ``whole`` (it may have saved the
-    old contents for backward, so they are replaced, not overwritten)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (block.k, block.v, whole.k, whole.v))

@@ -82,7 +82,7 @@ class SlidingWindow(ExactStore):
         """
         block = self._require()
         b, hs, cap = block.pos.shape
-        if not self._writes_in_place(k, v):
+        if not self._writes_in_place():
             # out of place: earlier reads may be saved for backward, or held by a deferred read
             ring = torch.arange(cap, device=block.pos.device).view(1, 1, cap)
             at = ring == (position if isinstance(position, int) else (position % cap).view(b, 1, 1))  # [B or 1, 1, cap]

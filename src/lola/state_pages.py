@@ -175,11 +175,13 @@ def sync(memory: "LoLAMemory", pushed: torch.Tensor | None) -> None:
     if bound.start is not None:
         # Views: what was written in place is there; a tensor replaced (copy-on-write) is
         # copied back and the state bound to the pages again.
+        replaced = False  # (``seen`` is always a tensor of its own: copied, never a reason to rebind)
         for key, t in live.items():
             dst = bound.pages[key].narrow(0, bound.start, t.shape[0])
             if t.data_ptr() != dst.data_ptr() or t.stride() != dst.stride():
                 dst.copy_(t)
-        if any(t.data_ptr() != bound.pages[k].narrow(0, bound.start, t.shape[0]).data_ptr() for k, t in live.items() if k != "seen"):
+                replaced = replaced or key != "seen"
+        if replaced:
             counts = (memory._seen_host, memory._due)  # the host's counts stay known
             bind(memory, bound.pages, bound.rows, None if "seen" in bound.pages else memory.seen)
             memory._seen_host, memory._due = counts

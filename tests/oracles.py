@@ -91,3 +91,26 @@ def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False):
     num = torch.einsum("bhij,bjhd->bhid", w * p + lw * a, v.double())
     den = (w * p + lw * a).sum(-1)
     return (num / den.unsqueeze(-1)).transpose(1, 2)
+
+
+def smooth_directional_derivative(f, h: float, tol: float) -> float | None:
+    """``d/dt f(t)`` at ``t = 0`` by finite differences, or ``None`` where ``f`` is not smooth on ``[−h, h]``.
+
+    ``f(t) -> float`` is evaluated at ``0, ±h/2, ±h``. The estimate is Richardson's extrapolation
+    of the central differences at ``h`` and ``h/2`` (error ``O(h⁴)``, so the step can be large
+    enough for float32's rounding). A kink (a max changing its argument) or a jump inside the
+    interval shows as central differences that disagree between the two steps, or as second
+    differences that do (a kink at ``t₀`` adds ``J(h − |t₀|)/h²`` to the second difference,
+    which no single step cancels for both tests at once); then there is no derivative to
+    compare with and the result is ``None``. ``tol`` bounds both disagreements relative to
+    ``max(1, |estimate|)``.
+    """
+    at = {t: float(f(t)) for t in (-h, -h / 2, 0.0, h / 2, h)}
+    wide, narrow = (at[h] - at[-h]) / (2 * h), (at[h / 2] - at[-h / 2]) / h
+    curve_wide = (at[h] - 2 * at[0.0] + at[-h]) / h**2
+    curve_narrow = (at[h / 2] - 2 * at[0.0] + at[-h / 2]) / (h / 2) ** 2
+    estimate = (4 * narrow - wide) / 3
+    scale = max(1.0, abs(estimate))
+    if abs(wide - narrow) > tol * scale or h * abs(curve_wide - curve_narrow) > tol * scale:
+        return None
+    return estimate

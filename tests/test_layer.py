@@ -7,7 +7,7 @@ import lola
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import SelfRecallError
 from lola.schedules import Chunkwise
-from tests.oracles import assert_rel_close, causal_softmax
+from tests.oracles import assert_rel_close, causal_softmax, smooth_directional_derivative
 
 CFG = lola.LoLAConfig(window=4, sparse_size=4, sinks=2, chunk=3)
 
@@ -200,8 +200,9 @@ def test_gradients_reach_feature_maps_and_window_factors():
 def test_gradients_through_the_engine_are_those_of_its_outputs(seed, mixing, sparse_size, schedule):
     """Stage 2 trains through the inference path (``FinetuneConfig.lola``): autograd's derivative
     of the layer, along a random direction of every input and parameter at once, equals the
-    central difference of its outputs (the selection is piecewise constant: the step is small
-    enough not to change it; the engine computes in float32, hence float64 inputs and a 1e-3 step)."""
+    finite-difference derivative of its outputs (the selection is piecewise constant: the step is
+    small enough not to change it; the engine computes in float32, hence float64 inputs and a
+    step of 2e-3 with Richardson's extrapolation, whose truncation error is below float32's rounding)."""
     cfg = lola.LoLAConfig(window=3, sparse_size=sparse_size, sinks=1, chunk=3, schedule=schedule, mixing=mixing, feature_map="hedgehog", feature_dim=6)
     torch.manual_seed(seed)
     attn = lola.compose(cfg, num_heads=2, head_dim=4, num_kv_heads=1).double()
@@ -225,25 +226,25 @@ def test_gradients_through_the_engine_are_those_of_its_outputs(seed, mixing, spa
 
     leaves = [x.detach().clone().requires_grad_(True) for x in xs[:3]]
     start = [x.detach().clone() for x in xs]
-    out, _ = loss(leaves + start[3:], True)
+    out, kept = loss(leaves + start[3:], True)
     for p in attn.parameters():
         p.grad = None
     out.backward()
     grads = [x.grad for x in leaves] + [p.grad for p in attn.parameters()]
     analytic = sum(float((g * d).sum()) for g, d in zip(grads, direction) if g is not None)
-    eps = 1e-3
-    plus, kept_plus = loss([x + eps * d for x, d in zip(start, direction)], False)
-    minus, kept_minus = loss([x - eps * d for x, d in zip(start, direction)], False)
-    # A near-tie of scores can flip a selection within ±eps: the outputs then jump, and no
-    # derivative describes them (the selection is piecewise constant, not differentiable).
-    assume(torch.equal(kept_plus, kept_minus))
+
+    def along(t):
+        value, kept_t = loss([x + t * d for x, d in zip(start, direction)], False)
+        # A near-tie of scores can flip a selection within the step: the outputs then jump.
+        assume(torch.equal(kept_t, kept))
+        return value
+
     # A near-tie of the largest logits (the lolcats rules read the exact part relative to its
-    # max) puts a kink within ±eps: the one-sided differences then disagree.
-    centre = float(out.detach())
-    left, right = (centre - float(minus)) / eps, (float(plus) - centre) / eps
-    assume(abs(left - right) <= 1e-2 * max(1.0, abs(left), abs(right)))
-    numeric = float(plus - minus) / (2 * eps)
-    assert analytic == pytest.approx(numeric, rel=2e-3, abs=2e-3)
+    # max) puts a kink within the step, and a selection that differs only mid-sequence a jump:
+    # there is no derivative to compare with there, and such examples are skipped.
+    numeric = smooth_directional_derivative(along, h=2e-3, tol=3e-3)
+    assume(numeric is not None)
+    assert analytic == pytest.approx(numeric, rel=3e-3, abs=3e-3)
 
 
 @pytest.mark.parametrize("storage", ["kv_head", "query_head"])

@@ -152,6 +152,32 @@ def _niah(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probe(args: argparse.Namespace) -> int:
+    from lola.eval.runner import NiahRun
+    from lola.eval.state_probe import PLOT_FILE, PROBE_FILE, RECORDS_FILE, format_probe, run_probe, summarize_probe
+    from lola.spec_options import given_fields
+
+    options = _read_config(args.config) if args.config else {}
+    options.update(given_fields(args, NIAH_FIELDS))
+    run = NiahRun(**options)
+    out = args.out or f"results/probe-{run.task}"
+    if run.feature_maps is not None:
+        from lola.pretrained.folder import read_feature_maps
+
+        read_feature_maps(run.feature_maps)
+    from lola import models
+
+    with about("--model"):
+        model, tok = models.load(run.model)
+    args.interrupted_hint = f"finished prompts are kept in {Path(out) / RECORDS_FILE}; run the same command again to resume"
+    records = run_probe(run, model, tok, out)
+    print("\nat the answer position, per layer (mean over heads and prompts): the state's share of the output,")
+    print("ln(linear mass) - ln(exact mass), and the storage heads holding every token of the needle's value\n")
+    print(format_probe(summarize_probe(records)))
+    print(f"\nresults: {out}/{PROBE_FILE}, {RECORDS_FILE}, {PLOT_FILE}")
+    return 0
+
+
 def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | None = None) -> None:
     """Refuse a ``lola linearize --out`` folder that cannot be written, holds another tool's
     ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run
@@ -436,6 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--config", help="a JSON or YAML file of options (also `variants`: named LoLA configs to compare); command-line options override it")
     niah.add_argument("--out", help="results folder (default results/niah-TASK); re-running resumes")
     niah.set_defaults(func=_niah)
+
+    probe = sub.add_parser(
+        "probe", parents=[common], help="per layer, where LoLA's outputs come from on lola niah's prompts: the state's share, the two masses, the needle held"
+    )
+    add_spec_options(probe, NiahRun, NIAH_FIELDS)
+    probe.add_argument("--config", help="a JSON or YAML file of options (as lola niah's); command-line options override it")
+    probe.add_argument("--out", help="results folder (default results/probe-TASK); re-running resumes")
+    probe.set_defaults(func=_probe)
 
     lin = sub.add_parser("linearize", parents=[common], help="linearize a model: attention transfer (stage 1), then LoRA fine-tuning against it (stage 2)")
     lin.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")

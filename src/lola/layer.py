@@ -6,6 +6,7 @@ import contextlib
 import math
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -15,26 +16,70 @@ from lola.composer import LoLAMemory, StateLayout
 from lola.config import LoLAConfig
 from lola.core.checks import require
 from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix
+from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.feature_maps import FeatureMap, build_feature_map
+from lola.kernels.decode_step.reference import mixing_weights
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
 
-__all__ = ["LoLAAttention", "compose", "memory_from_config", "observe_linear_share"]
+__all__ = ["LoLAAttention", "ObservedCall", "compose", "memory_from_config", "observe_calls", "observe_linear_share"]
 
 _observers = threading.local()
 
 
-@contextlib.contextmanager
-def observe_linear_share(callback: Callable[["LoLAAttention", torch.Tensor, torch.Tensor], None]) -> Iterator[None]:
-    """Call ``callback(layer, share, valid)`` after every :class:`LoLAAttention` call in this thread.
+@dataclass(frozen=True)
+class ObservedCall:
+    """What one :class:`LoLAAttention` call computed, for diagnostics (:func:`observe_calls`).
 
-    ``share [B, H, T]`` is the part of each output that the linear state gives
-    (:func:`lola.core.linear_share`: ``0`` for ``softmax_only``, ``1`` for an output read from
-    the state alone); ``valid [B, T]`` marks real tokens. While a callback is active, decode
-    tokens take the unfused path (same outputs, tested) so their partials can be read. A
-    diagnostic: it costs a pass over the partials per layer.
+    Attributes:
+        layer: the module that ran.
+        exact: merged softmax partial over the exact tokens, ``num [B, H, T, D]``,
+            ``den``/``max`` ``[B, H, T]`` (``den`` shifted by ``e^{-max}``).
+        linear: the linear state's partial, ``num [B, H, T, D]``, ``den [B, H, T]``.
+        gate: ``[H]`` softmax weight ``w = sigmoid(window_factor)``.
+        valid: ``[B, T]`` bool, real tokens.
+        state: the layer's :class:`LoLAMemory` after the call (its exact tokens, linear state).
     """
+
+    layer: "LoLAAttention"
+    exact: SoftmaxPartial
+    linear: LinearPartial
+    gate: torch.Tensor
+    valid: torch.Tensor
+    state: LoLAMemory
+
+    @property
+    def rule(self) -> str:
+        """The kernel name of the layer's mixing rule (``lolcats_affine`` included)."""
+        return kernel_mixing(self.layer.mixing, self.layer.affine)
+
+    def share(self) -> torch.Tensor:
+        """``[B, H, T]``: the part of each output that the linear state gives (:func:`lola.core.linear_share`)."""
+        return linear_share(self.exact, self.linear, self.gate, self.layer.mixing, self.layer.affine)
+
+    def log_masses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(exact, linear)``, each ``[B, H, T]``: the natural logs of the two masses the rule
+        adds in its denominator, ``a·E_den`` and ``b·L_den`` (:func:`lola.kernels.decode_step.reference.mixing_weights`),
+        unscaled (``lola_authors``: ``w·Σ e^{s}`` and ``(1 − w)·φ(q)ᵀs``); ``-inf`` where a
+        part is empty, and the linear part is ``-inf`` for ``softmax_only``."""
+        e_den = self.exact.den.float()
+        if self.rule == "softmax_only":
+            exact = e_den.log() + self.exact.max.float()
+            return exact, torch.full_like(exact, float("-inf"))
+        a, b = mixing_weights(self.exact.max, self.gate, self.rule)
+        unscale = self.exact.max.float().clamp_min(0.0) if self.rule == "lola_authors" else 0.0  # undo e^{-c}
+        exact = (a * e_den).log() + unscale
+        linear = (b * self.linear.den.float()).log() + unscale
+        return exact, linear
+
+
+@contextlib.contextmanager
+def observe_calls(callback: Callable[[ObservedCall], None]) -> Iterator[None]:
+    """Call ``callback(call)`` with an :class:`ObservedCall` after every :class:`LoLAAttention`
+    call in this thread. While a callback is active, decode tokens take the unfused path (same
+    outputs, tested) so their partials can be read. A diagnostic: it costs a pass over the
+    partials per layer."""
     stack = getattr(_observers, "stack", None)
     if stack is None:
         stack = _observers.stack = []
@@ -43,6 +88,18 @@ def observe_linear_share(callback: Callable[["LoLAAttention", torch.Tensor, torc
         yield
     finally:
         stack.remove(callback)
+
+
+@contextlib.contextmanager
+def observe_linear_share(callback: Callable[["LoLAAttention", torch.Tensor, torch.Tensor], None]) -> Iterator[None]:
+    """Call ``callback(layer, share, valid)`` after every :class:`LoLAAttention` call in this thread.
+
+    ``share [B, H, T]`` is the part of each output that the linear state gives
+    (:func:`lola.core.linear_share`: ``0`` for ``softmax_only``, ``1`` for an output read from
+    the state alone); ``valid [B, T]`` marks real tokens. Built on :func:`observe_calls`.
+    """
+    with observe_calls(lambda call: callback(call.layer, call.share(), call.valid)):
+        yield
 
 
 class LoLAAttention(nn.Module):
@@ -181,9 +238,9 @@ class LoLAAttention(nn.Module):
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
         o = mix(exact, linear, gate, self.mixing, self.affine)
         if observers:
-            share = linear_share(exact, linear, gate, self.mixing, self.affine)
+            call = ObservedCall(self, exact, linear, gate, valid, state)
             for callback in tuple(observers):
-                callback(self, share, valid)
+                callback(call)
         return o.transpose(1, 2).to(q.dtype), state
 
     # -- validation -----------------------------------------------------------------------------

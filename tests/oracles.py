@@ -71,11 +71,23 @@ def hybrid_exact_mask(t: int, window: int, sinks: int, chunk: int) -> torch.Tens
     return mask
 
 
-def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False):
+def step_decay_weights(t: int, chunk: int, decay: float) -> torch.Tensor:
+    """``[T, T]`` float64: the weight ``γ^{b − j}`` of key j in the linear state that query p reads,
+    ``b`` the last step at or before p (steps after positions C−1, 2C−1, …: the state is read as
+    of its last step). Ones when ``decay = 1``."""
+    p = torch.arange(t)
+    last_step = ((p + 1) // chunk) * chunk - 1
+    age = (last_step[:, None] - p[None, :]).clamp_min(0).double()
+    return torch.full((t, t), float(decay), dtype=torch.float64) ** age
+
+
+def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linear_weights=None):
     """LoLCATs mixing over a dense exact mask; the rest of the causal past is linear.
 
     ``q: [B, T, H, D]``; ``k, v: [B, T, H, D]`` per query head; ``fq, fk: [B, T, H, F]``;
-    ``exact_mask: [T, T]``; ``gate: [H]`` softmax weight. Returns ``[B, T, H, D]`` (float64).
+    ``exact_mask: [T, T]``; ``gate: [H]`` softmax weight; ``linear_weights``: optional ``[T, T]``
+    weight of each linear key for each query (a decay, :func:`step_decay_weights`). Returns
+    ``[B, T, H, D]`` (float64).
     """
     t = q.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool).tril()
@@ -86,6 +98,8 @@ def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False):
     m = torch.where(torch.isfinite(m), m, 0.0)
     p = torch.exp(s - m)
     a = torch.einsum("bihf,bjhf->bhij", fq.double(), fk.double()) * lin_mask
+    if linear_weights is not None:
+        a = a * linear_weights
     w = gate.double().view(1, -1, 1, 1)
     lw = (1 - w) if affine else torch.ones_like(w)
     num = torch.einsum("bhij,bjhd->bhid", w * p + lw * a, v.double())

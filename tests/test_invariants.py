@@ -19,6 +19,7 @@ from tests.oracles import (
     lolcats_hybrid,
     recurrent_linear_attention,
     repeat_kv,
+    step_decay_weights,
 )
 
 POLICIES = ["sre", "attention", "recency", "random", "key_norm", "expected_attention", "key_diff", "fusion", "span"]
@@ -144,20 +145,23 @@ def test_invariant2_no_exact_memory_is_linear_attention(shape, mixing, schedule,
     affine=st.booleans(),
     storage=st.sampled_from(["kv_head", "query_head"]),
     fmap=st.sampled_from(FEATURE_MAPS),
+    decay=st.sampled_from([1.0, 0.9, 0.5]),
     seed=st.integers(0, 2**16),
 )
-def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, chunk, affine, storage, fmap, seed):
+def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, chunk, affine, storage, fmap, decay, seed):
     b, t, h, h_kv, d = shape
-    cfg = lola.LoLAConfig(window=window, sparse_size=0, sinks=sinks, chunk=chunk, mixing="lolcats", affine=affine, gqa_storage=storage, feature_map=fmap)
+    cfg = lola.LoLAConfig(
+        window=window, sparse_size=0, sinks=sinks, chunk=chunk, mixing="lolcats", affine=affine, gqa_storage=storage, feature_map=fmap, linear_decay=decay
+    )
     attn = build(cfg, h, h_kv, d, seed)
     q, k, v = make_inputs(b, t, h, h_kv, d, seed)
     g = h // h_kv
     with torch.no_grad():
         fq = attn.feature_map_q(q.transpose(1, 2)).transpose(1, 2)
         gate = torch.sigmoid(attn.window_factors).view(-1)
-        ref = lolcats_hybrid(
-            q, repeat_kv(k, g), repeat_kv(v, g), fq, key_features(attn, k), hybrid_exact_mask(t, window, sinks, chunk), gate, attn.scale, affine
-        )
+        exact = hybrid_exact_mask(t, window, sinks, chunk)
+        weights = step_decay_weights(t, chunk, decay)  # a decaying state: each key by its age at the last step
+        ref = lolcats_hybrid(q, repeat_kv(k, g), repeat_kv(v, g), fq, key_features(attn, k), exact, gate, attn.scale, affine, weights)
         o_par, _ = attn(q, k, v)
         o_rec, _ = run_split(attn, q, k, v, list(range(1, t)))
     assert_rel_close(ref, o_par, 1e-5, "chunk-parallel")
@@ -193,12 +197,13 @@ def test_invariant4_chunkwise_one_equals_tokenwise(shape, window, sparse, sinks,
     chunk=st.integers(1, 8),
     policy=st.sampled_from(POLICIES),
     storage=st.sampled_from(["kv_head", "query_head"]),
+    decay=st.sampled_from([1.0, 0.8]),
     data=st.data(),
 )
-def test_invariant5_split_and_resume(shape, window, sparse, sinks, chunk, policy, storage, data):
+def test_invariant5_split_and_resume(shape, window, sparse, sinks, chunk, policy, storage, decay, data):
     b, t, h, h_kv, d = shape
     seed = data.draw(st.integers(0, 2**16))
-    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, policy=policy, gqa_storage=storage)
+    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, policy=policy, gqa_storage=storage, linear_decay=decay)
     attn = build(cfg, h, h_kv, d, seed)
     q, k, v = make_inputs(b, t, h, h_kv, d, seed)
     # A prefill of any length, then decode token by token, then maybe another segment.

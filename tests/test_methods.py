@@ -31,7 +31,7 @@ def test_the_table():
 
 
 def test_niah_uses_the_table():
-    run = NiahRun(**SIZES, policies=["sre", "random"], budgets="uniform", gqa_storage="query_head", variants={"v": {"window": 4}})
+    run = NiahRun(**SIZES, feature_maps=None, policies=["sre", "random"], budgets="uniform", gqa_storage="query_head", variants={"v": {"window": 4}})
     cfgs = method_configs(run)
     assert list(cfgs) == ["full", "window", "lolcats", "lola-sre", "lola-random", "lola-v"]
     common = dict(**SIZES, overrides={"gqa_storage": "query_head"})
@@ -39,7 +39,7 @@ def test_niah_uses_the_table():
         assert cfgs[m] == method_config(m, **common)
     assert cfgs["lola-random"] == method_config("lola", policy="random", **common)
     assert cfgs["lola-v"] == method_config("lola", **SIZES, overrides={"gqa_storage": "query_head", "window": 4})
-    assert NiahRun().methods == list(METHODS)
+    assert NiahRun(feature_maps=None).methods == list(METHODS)
     with pytest.raises(ValueError, match="available: full, window, lolcats, lola"):
         NiahRun(methods=["nope"])
 
@@ -83,7 +83,8 @@ def test_demo_methods_share_the_budget(budget):
 def test_the_command_line_names_the_tables_methods(capsys, tmp_path):
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices
     help_of = {name: {a.dest: a.help for a in sub[name]._actions} for name in ("niah", "perplexity")}
-    assert " ".join(METHODS) in help_of["niah"]["methods"] and " ".join(PPL_METHODS) in help_of["perplexity"]["methods"]
+    assert ", ".join(METHODS) in help_of["niah"]["methods"] and " ".join(PPL_METHODS) in help_of["perplexity"]["methods"]
+    assert "(default: full lolcats lola)" in help_of["niah"]["methods"]
     assert main(["niah", "--methods", "nope", "--out", str(tmp_path / "n")]) == 2
     assert "available: full, window, lolcats, lola" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:  # the choices come from PerplexityRun's field

@@ -55,7 +55,7 @@ def test_lola_niah_offers_every_field_of_its_run_with_the_run_s_defaults(capsys)
         option = "--" + name.replace("_", "-")
         info = NiahRun.model_fields[name]
         assert option in text and " ".join(info.description.split()) in text, name
-    assert "(default: 60)" in text and "(default: 1024 2048)" in text and "(default: auto)" in text
+    assert "(default: 60)" in text and "(default: 2048 4096)" in text and "(default: auto)" in text
 
 
 @pytest.mark.parametrize("command", ["perplexity", "calibrate", "fit-scorer"])

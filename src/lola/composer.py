@@ -598,7 +598,12 @@ class LoLAMemory:
         """Select-and-evict for the rows in ``stepping [B]``, the survivors' rest folded into the
         linear state: the one step of prefill and decode alike."""
         self._ring_only = False
-        self.linear.write(*self._select(stepping, feature_map_k, scale))
+        fk, v, mask, pos = self._select(stepping, feature_map_k, scale)
+        if getattr(self.linear, "decay", 1.0) != 1.0:  # a decaying state weighs tokens by their age at the step
+            age = (self.seen - 1)[:, None, None] - pos
+            self.linear.write(fk, v, mask, age=age, rows=stepping, elapsed=self.schedule.period)
+        else:
+            self.linear.write(fk, v, mask)
 
     def _exact_slots(self) -> KVBlock:
         """Every exact slot, ``[sinks | sparse | window]``, as one block: the slot buffer itself
@@ -731,13 +736,13 @@ class LoLAMemory:
             hs = mem.block.k.shape[1]
             mem.observe_attention(w.unflatten(1, (hs, -1)).sum(dim=2))
 
-    def _select(self, rows: torch.Tensor, feature_map_k: FeatureFn, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _select(self, rows: torch.Tensor, feature_map_k: FeatureFn, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Select-and-evict for ``rows [B]``: window overflow + sparse cache → top-λ stay exact.
 
         Returns:
             The tokens to fold into the linear state, per query head: ``φ(k) [B, H, M, F]``,
-            ``v [B, H, M, D]`` and ``mask [B, H, M]`` (the linear state is not touched here:
-            scoring reads it as it is before the step).
+            ``v [B, H, M, D]``, ``mask [B, H, M]`` and positions ``[B, H, M]`` (the linear state
+            is not touched here: scoring reads it as it is before the step).
         """
         leaving = self.window.pop_oldest(rows)
         candidates = KVBlock.cat([leaving, self.sparse.block])
@@ -746,7 +751,7 @@ class LoLAMemory:
         _check_scores(scores, candidates.valid, self.policy)
         evicted = self.sparse.select(candidates, scores, rows)
         g = ctx.group(evicted)
-        return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g)
+        return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g), ctx.expand_heads(evicted.pos, g)
 
     def _score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         """The policy's scores of ``candidates``; a plug-in's failure, or an answer that is not a

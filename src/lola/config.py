@@ -64,6 +64,10 @@ class LoLAConfig(BaseModel):
             :func:`~lola.integrations.transformers.apply_lola` with trained maps uses the rule
             they were trained with unless one is set here (see :mod:`lola.core.mixing`).
         affine: with ``lolcats`` mixing, weight the linear term by ``1 − w`` instead of ``1``.
+        linear_decay: ``γ ∈ (0, 1]``, the linear state's decay per token (``1``: none, the
+            paper's state; a half-life of ``n`` tokens is ``γ = 0.5 ** (1 / n)``): tokens are
+            folded with weight ``γ^{age}`` and the state shrinks by ``γ^P`` at each step
+            (:class:`~lola.memory.LinearState`), so far tokens fade instead of piling up.
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
         feature_map: a name of :data:`lola.feature_maps.FEATURE_MAPS` (default
@@ -96,6 +100,7 @@ class LoLAConfig(BaseModel):
     policy_kwargs: dict[str, Any] = Field(default_factory=dict)
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
     affine: StrictBool = False
+    linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     # sigmoid(window_factor_init) weighs the two terms: beyond +-1e4 it is 0 or 1 anyway.
     window_factor_init: Annotated[float, Strict(), Field(ge=-1e4, le=1e4, allow_inf_nan=False)] = -2.1972
     feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP

@@ -370,7 +370,7 @@ def memory_from_config(cfg: LoLAConfig, layer: int | None = None) -> LoLAMemory:
         sinks=SinkTokens(cfg.sinks),
         window=SlidingWindow(cfg.window_per_head or cfg.window, max_pending=schedule.period),
         sparse=SparseCache(cfg.sparse_size_per_head or cfg.sparse_size),
-        linear=LinearState(),
+        linear=LinearState(cfg.linear_decay),
         policy=build_policy(cfg.policy, **cfg.policy_kwargs),
         schedule=schedule,
         storage=cfg.gqa_storage,

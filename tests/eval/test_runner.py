@@ -23,7 +23,9 @@ class TinyTokenizer:
         return " ".join(str(int(i)) for i in ids)
 
 
-RUN = NiahRun(lengths=[200], samples=2, policies=["sre", "recency"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=3, budgets="uniform")
+RUN = NiahRun(
+    feature_maps=None, lengths=[200], samples=2, policies=["sre", "recency"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=3, budgets="uniform"
+)
 
 
 def test_methods_share_one_budget():
@@ -103,6 +105,7 @@ def test_config_file_with_command_line_override(tmp_path, fmt, monkeypatch):
 @pytest.mark.parametrize("task", ["niah_multikey_2", "niah_multikey_3", "vt"])
 def test_other_tasks_run_end_to_end(tmp_path, task):
     run = NiahRun(
+        feature_maps=None,
         task=task,
         lengths=[300],
         samples=1,
@@ -124,6 +127,7 @@ def test_batched_samples_equal_samples_run_alone(tmp_path):
     hay = tmp_path / "prose.txt"  # sentences of varied length: prompts of varied length
     hay.write_text(" ".join("word " * (1 + (i * 7) % 11) + "end." for i in range(200)))
     run = NiahRun(
+        feature_maps=None,
         lengths=[200, 260],
         samples=3,
         methods=["full", "window", "lola"],
@@ -157,6 +161,7 @@ def test_variants_and_budgets_build_named_methods(tmp_path):
     path = tmp_path / "budgets.json"
     HeadBudgets(sparse_size_per_head=[[16, 0], [0, 16]], uniform_sparse_size=8, scores=[[1, 0], [0, 1]], power=1.0).save(path)
     run = NiahRun(
+        feature_maps=None,
         lengths=[200],
         samples=1,
         methods=["lola"],
@@ -212,6 +217,10 @@ def test_the_learned_policy_gets_the_models_shipped_scorer(monkeypatch):
     monkeypatch.setattr(scorers, "load", lambda name: scorers.TokenScorer(torch.zeros(1, 1, 3)))  # the files do not exist
     run = NiahRun(model="some/model", methods=["lola"], policies=["learned"], budgets="uniform")
     assert method_configs(run)["lola-learned"].policy_kwargs == {"scorer": "some/model"}
+    # a variant naming the policy gets the same scorer (unless it names its own kwargs)
+    run = NiahRun(model="some/model", methods=["lola"], policies=["sre"], budgets="uniform", variants={"v": {"policy": "learned", "linear_decay": 0.5}})
+    variant = method_configs(run)["lola-v"]
+    assert variant.policy_kwargs == {"scorer": "some/model"} and variant.linear_decay == 0.5
     # with shipped feature maps that have a scorer of their own, that one
     assert scorers.default_scorer("some/model", "some-maps") == "some-maps-linearized"
     assert scorers.default_scorer("some/model", "a-folder") == "some/model"
@@ -219,17 +228,24 @@ def test_the_learned_policy_gets_the_models_shipped_scorer(monkeypatch):
         method_configs(NiahRun(model="other/model", methods=["lola"], policies=["learned"], budgets="uniform"))
 
 
-def test_the_default_policy_is_the_learned_scorer_where_one_ships():
-    """The tournament's winner (docs/results.md, "A learned scorer") is the default where a scorer
-    ships for the model (the linearized model reads the stock one); any other model keeps sre;
-    a named policy is kept; the policy that ran is recorded in the run."""
+def test_the_default_run_is_the_papers_experiment_on_the_shipped_linearized_model():
+    """Where linearized maps ship for the model, `lola niah` with no options runs them: full
+    attention, the hybrid and LoLA scored by SRE (the paper's score) and by the learned scorer
+    (the tournament's winner, docs/results.md), at 2K and 4K; `--feature-maps none` is the
+    training-free run (every method, the learned scorer where one ships, else sre). What was
+    decided is recorded in the run."""
     from lola.scorers import available
 
     assert "smollm2-135m-instruct" in available()
-    assert NiahRun().policies == ["learned"]
-    assert NiahRun(feature_maps="smollm2-135m-instruct").policies == ["learned"]
-    assert NiahRun(model="tiny-random-llama").policies == ["sre"]
+    run = NiahRun()
+    assert run.feature_maps == "smollm2-135m-instruct" and run.methods == ["full", "lolcats", "lola"]
+    assert run.policies == ["sre", "learned"] and run.lengths == [2048, 4096]
+    free = NiahRun(feature_maps="none")
+    assert free.feature_maps is None and free.methods == ["full", "window", "lolcats", "lola"] and free.policies == ["learned"]
+    assert free.lengths == [1024, 2048]
+    assert NiahRun(model="tiny-random-llama").policies == ["sre"] and NiahRun(model="tiny-random-llama").feature_maps is None
     assert NiahRun(policies=["sre"]).policies == ["sre"]
     cfg = method_configs(NiahRun(methods=["lola"]))["lola-learned"]
     assert cfg.policy == "learned" and cfg.policy_kwargs == {"scorer": "smollm2-135m-instruct"}
-    assert NiahRun.model_validate(NiahRun().model_dump()).policies == ["learned"]  # a saved run reads back as it ran
+    for saved in (run, free):  # a saved run reads back as it ran
+        assert NiahRun.model_validate(saved.model_dump()) == saved

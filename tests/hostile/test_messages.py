@@ -270,6 +270,7 @@ def test_lm_eval_names_a_bad_model_arg_on_one_line(arg, niah_tasks, capsys):
 # The smallest valid run of each command; one option at a time is then replaced.
 BASE = {
     "niah": [*NIAH[1:], "--out", "r"],
+    "probe": [*NIAH[1:-1], "lola", "--out", "r"],
     "perplexity": ["--model", "tiny-random-llama", "--length", "256", "--out", "p.json"],
     "calibrate": ["--model", "tiny-random-llama", "--out", "b.json"],
     "export": ["--model", "tiny-random-llama", "--out", "e"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -22,6 +22,11 @@ def _distinct(name: str, values: list) -> list:
     return values
 
 
+PAPER_METHODS = ("full", "lolcats", "lola")
+"""The methods of the default run on a linearized model: full attention (stock weights), the
+window + linear hybrid with its trained rule, and LoLA."""
+
+
 class NiahRun(BaseModel):
     """Everything that defines a run (saved in ``results.json``; a resumed run must match)."""
 
@@ -29,15 +34,21 @@ class NiahRun(BaseModel):
 
     model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
     task: str = Field("niah_single_1", description="niah_single_1, niah_multikey_2, niah_multikey_3 or vt")
-    lengths: list[StrictInt] = Field(default_factory=lambda: [1024, 2048], min_length=1, description="context lengths in tokens")
+    lengths: list[StrictInt] = Field(
+        default_factory=lambda: [2048, 4096], min_length=1, description="context lengths in tokens (1024 2048 by default with no feature maps)"
+    )
     samples: StrictInt = Field(5, ge=1, le=1_000_000, description="samples per length, at evenly spread depths")
-    methods: list[str] = Field(default_factory=lambda: list(METHODS), min_length=1, description=f"any of {', '.join(METHODS)}")
+    methods: list[str] = Field(
+        default_factory=lambda: list(PAPER_METHODS),
+        min_length=1,
+        description=f"any of {', '.join(METHODS)}; with no feature maps the default is all of them",
+    )
     # The learned scorer won the tournament at the same bytes and samples (docs/results.md, "A
     # learned scorer"): the default where one ships for the model, else self-recall error.
     policies: list[str] = Field(
-        default_factory=lambda: ["learned"],
+        default_factory=lambda: ["sre", "learned"],
         min_length=1,
-        description="scoring policies of the lola method, one run each (by default learned where a scorer ships for the model, else sre)",
+        description="scoring policies of the lola method, one run each (with no feature maps: learned where a scorer ships, else sre)",
     )
     window: Tokens = Field(60, description="window of the lola method")
     # 4 + 60 + 192 = 256 exact tokens: S-NIAH-1 at 2K went from 1/20 with a 64-token sparse
@@ -52,7 +63,13 @@ class NiahRun(BaseModel):
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
         None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for lolcats)"
     )
-    feature_maps: str | None = Field(None, description="a `lola linearize` folder, or a shipped name, loaded into every method but full")
+    linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+        None, description="the lola method's linear-state decay per token (1: none, the paper's state; 0.5 ** (1 / n): a half-life of n tokens)"
+    )
+    feature_maps: str | None = Field(
+        "auto",
+        description="a `lola linearize` folder or a shipped name, loaded into every method but full; auto: the model's shipped maps if any; none: untrained maps (training-free)",
+    )
     gqa_storage: Literal["kv_head", "query_head"] = "kv_head"
     max_new_tokens: StrictInt | None = Field(
         None, ge=1, le=MAX_TOKENS, description="tokens generated per answer (none: 12 for number answers, 64 for uuids and vt)"
@@ -113,11 +130,29 @@ class NiahRun(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_policies(cls, data: Any) -> Any:
-        # Decided here, from the model and maps the run names, so that results.json records the
-        # policy that ran (and a run of a model without a shipped scorer still runs, with sre).
-        if isinstance(data, dict) and data.get("policies") is None:
-            data = {**data, "policies": [default_policy(data.get("model", cls.model_fields["model"].default), data.get("feature_maps"))]}
+    def _defaults_for_the_model(cls, data: Any) -> Any:
+        # Decided here, from the model and maps the run names, so that results.json records
+        # what ran. Where linearized maps ship for the model, the default is the paper's
+        # experiment on them: full attention, the hybrid, and LoLA scored by SRE (the paper's
+        # score) and by the learned scorer, at lengths where the hybrid fails; --feature-maps
+        # none is the training-free run on the stock model (softmax_only, as before).
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        model = data.get("model", cls.model_fields["model"].default)
+        maps = data.get("feature_maps", "auto")
+        if maps == "auto":
+            maps = shipped_maps_for(model)
+        elif maps == "none":
+            maps = None
+        data["feature_maps"] = maps
+        if data.get("methods") is None:
+            data["methods"] = list(PAPER_METHODS) if maps is not None else list(METHODS)
+        if data.get("lengths") is None:
+            data["lengths"] = [2048, 4096] if maps is not None else [1024, 2048]
+        if data.get("policies") is None:
+            learned = default_policy(model, maps)
+            data["policies"] = ["sre", learned] if maps is not None and learned != "sre" else [learned]
         return data
 
     @model_validator(mode="after")
@@ -235,6 +270,13 @@ def run_inputs(run: NiahRun, model: Any = None) -> dict[str, str]:
     return inputs
 
 
+def shipped_maps_for(model: Any) -> str | None:
+    """The name of the feature maps that ship for ``model`` (linearized with ``lola linearize``), or ``None``."""
+    from lola.pretrained.shipped import SHIPPED
+
+    return next((name for name, maps in SHIPPED.items() if isinstance(model, str) and maps.model == model), None)
+
+
 def default_policy(model: Any, feature_maps: Any = None) -> str:
     """The scoring policy ``lola niah`` runs when none is named: ``learned`` when a scorer ships
     for ``model`` (:func:`lola.scorers.default_scorer`), else ``sre``."""
@@ -266,20 +308,23 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
         window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
     )
     common = {"gqa_storage": run.gqa_storage}
+    decay = {} if run.linear_decay is None else {"linear_decay": run.linear_decay}  # the lola method's (and its variants')
     out: dict[str, LoLAConfig | None] = {}
     for method in run.methods:
         if method != "lola":
             out[method] = method_config(method, **settings, overrides=common)
             continue
         for policy in run.policies:
-            overrides = {**common, **_policy_defaults(policy, run)}
+            overrides = {**common, **decay, **_policy_defaults(policy, run)}
             cfg = method_config("lola", policy=policy, **settings, overrides=overrides)
             out[f"lola-{policy}"] = resolve_config(cfg, model=run.model, budgets=run.budgets)
         for name, fields in run.variants.items():
             fields = dict(fields)
             budgets = fields.pop("budgets", None)
+            # A variant naming the learned policy gets the model's shipped scorer, as `policies` does.
+            defaults = _policy_defaults(fields["policy"], run) if "policy" in fields and "policy_kwargs" not in fields else {}
             try:
-                cfg = method_config("lola", **settings, overrides={**common, **fields})
+                cfg = method_config("lola", **settings, overrides={**common, **decay, **defaults, **fields})
             except ValidationError as err:
                 raise ValueError(f"variant {name!r}: {validation_summary(err)}") from None
             except (ValueError, TypeError) as err:

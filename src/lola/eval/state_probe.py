@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lola.eval.niah_spec import NiahRun, method_configs
+from lola.eval.niah_spec import NiahRun, check_budgets, method_configs
 
 __all__ = ["PROBE_FILE", "RECORDS_FILE", "format_probe", "needle_positions", "probe_prompt", "run_probe", "summarize_probe"]
 
@@ -156,6 +156,7 @@ def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pro
 
         maps = read_feature_maps(run.feature_maps)
         check_geometry(maps, model)
+    check_budgets(run, model)
     configs = {m: c for m, c in method_configs(run).items() if c is not None and m != "window"}
     if not configs:
         raise ValueError(f"methods {run.methods} hold no linear state to probe: add lolcats or lola")

@@ -16,11 +16,22 @@ class LinearState:
     Storage: ``H: [B, H, F, D]`` and ``s: [B, H, F]``, always float32 (a bf16 state loses
     tokens to rounding as it grows). One state per *query* head, since feature maps are per
     query head.
+
+    Args:
+        decay: ``γ ∈ (0, 1]`` per token (``1``: none, the paper's state). With ``γ < 1`` the state
+            holds ``H = Σ_j γ^{τ−j} φ(k_j) v_jᵀ`` (and ``s`` likewise) as of its last step ``τ``:
+            a step multiplies the rows it writes by ``γ^P`` (``P`` tokens since their last
+            step) and adds each folded token with weight ``γ^{age}``. Feature maps trained on
+            short contexts give far keys a larger share than softmax would (``lola probe``),
+            and a decay bounds what they add at any length (RetNet's fixed decay).
     """
 
     name = "linear"
 
-    def __init__(self) -> None:
+    def __init__(self, decay: float = 1.0) -> None:
+        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be a number in (0, 1], got {decay!r}")
+        self.decay = float(decay)
         self.H: torch.Tensor | None = None
         self.s: torch.Tensor | None = None
         self.shared = False  # a deferred read holds H, s: the next write replaces them
@@ -53,24 +64,47 @@ class LinearState:
         fq = query.fq.float()
         return LinearPartial(num=torch.matmul(fq, H), den=torch.matmul(fq, s.unsqueeze(-1)).squeeze(-1))
 
-    def write(self, fk: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> None:
+    def write(
+        self,
+        fk: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        age: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        elapsed: int = 0,
+    ) -> None:
         """Fold tokens in: ``H += Σ φ(k) vᵀ``, ``s += Σ φ(k)`` over slots where ``mask``.
 
         Args:
             fk: ``[B, H, N, F]`` feature-mapped keys.
             v: ``[B, H, N, D]`` values.
             mask: ``[B, H, N]`` bool, the tokens to fold.
+            age, rows, elapsed: with a decay only (ignored at ``decay = 1``): ``age [B, H, N]``
+                tokens from each folded token to the step, ``rows [B]`` bool the rows that step
+                (their ``H, s`` are multiplied by ``γ^elapsed`` first).
         """
         H, s = self.state
         fk = torch.where(mask.unsqueeze(-1), fk.float(), 0.0)
+        carry = None
+        if self.decay != 1.0:
+            if age is None or rows is None:
+                raise ValueError("a decaying LinearState needs age and rows with every write")
+            fk = fk * torch.pow(self.decay, age.float().clamp_min(0)).unsqueeze(-1)
+            carry = torch.where(rows, self.decay**elapsed, 1.0).to(H.dtype)  # [B]
         dH = torch.matmul(fk.transpose(-1, -2), torch.where(mask.unsqueeze(-1), v.float(), 0.0))
+        grow = fk.sum(dim=2)
         if self.shared or torch.is_grad_enabled():
             # Out of place: an earlier read of H may be saved for autograd (a query that needs
             # gradients reads it) or held by a deferred read.
-            self.H, self.s, self.shared = H + dH, s + fk.sum(dim=2), False
+            if carry is not None:
+                H, s = H * carry[:, None, None, None], s * carry[:, None, None]
+            self.H, self.s, self.shared = H + dH, s + grow, False
         else:  # in place: the storage stays where it is (a bound state's pages)
+            if carry is not None:
+                H.mul_(carry[:, None, None, None])
+                s.mul_(carry[:, None, None])
             H.add_(dH)
-            s.add_(fk.sum(dim=2))
+            s.add_(grow)
 
     def nbytes(self) -> int:
         return 0 if self.H is None else self.H.nbytes + self.s.nbytes
@@ -95,4 +129,4 @@ class LinearState:
         self.shared = False
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}()" if self.decay == 1.0 else f"{type(self).__name__}(decay={self.decay})"

@@ -81,13 +81,14 @@ def step_decay_weights(t: int, chunk: int, decay: float) -> torch.Tensor:
     return torch.full((t, t), float(decay), dtype=torch.float64) ** age
 
 
-def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linear_weights=None):
+def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linear_weights=None, share_cap=None):
     """LoLCATs mixing over a dense exact mask; the rest of the causal past is linear.
 
     ``q: [B, T, H, D]``; ``k, v: [B, T, H, D]`` per query head; ``fq, fk: [B, T, H, F]``;
     ``exact_mask: [T, T]``; ``gate: [H]`` softmax weight; ``linear_weights``: optional ``[T, T]``
-    weight of each linear key for each query (a decay, :func:`step_decay_weights`). Returns
-    ``[B, T, H, D]`` (float64).
+    weight of each linear key for each query (a decay, :func:`step_decay_weights`);
+    ``share_cap``: the linear part's share of each output, ``lw·Σa / (w·Σp + lw·Σa)``, at most
+    this (the two parts' own averages mixed at the cap). Returns ``[B, T, H, D]`` (float64).
     """
     t = q.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool).tril()
@@ -104,7 +105,16 @@ def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linea
     lw = (1 - w) if affine else torch.ones_like(w)
     num = torch.einsum("bhij,bjhd->bhid", w * p + lw * a, v.double())
     den = (w * p + lw * a).sum(-1)
-    return (num / den.unsqueeze(-1)).transpose(1, 2)
+    out = num / den.unsqueeze(-1)
+    if share_cap is not None:
+        lin_mass, exact_mass = (lw * a).sum(-1), (w * p).sum(-1)
+        share = lin_mass / (lin_mass + exact_mass)
+        y_lin = torch.einsum("bhij,bjhd->bhid", a, v.double()) / a.sum(-1, keepdim=True).clamp_min(1e-300)
+        y_exact = torch.einsum("bhij,bjhd->bhid", p, v.double()) / p.sum(-1, keepdim=True).clamp_min(1e-300)
+        capped = share_cap * y_lin + (1 - share_cap) * y_exact
+        seen = p.sum(-1) > 0  # a query that sees no exact token keeps the linear read
+        out = torch.where((seen & (share > share_cap)).unsqueeze(-1), capped, out)
+    return out.transpose(1, 2)
 
 
 def smooth_directional_derivative(f, h: float, tol: float) -> float | None:

@@ -349,3 +349,36 @@ def test_observing_the_linear_share_changes_no_output(mixing):
     n = len(seen)
     attn(q[:, :1], k[:, :1], v[:, :1])  # outside the block: not observed
     assert len(seen) == n
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), cap=st.sampled_from([0.02, 0.2]), decay=st.sampled_from([1.0, 0.95]))
+def test_a_share_cap_bounds_the_state_and_decodes_as_it_prefills(seed, cap, decay):
+    """Under the paper's rule with ``linear_share_cap``: decoding token by token (the unfused
+    path) gives the outputs of one prefill, no output takes more than the cap from the state,
+    and a cap of 1 is no cap."""
+    from lola.layer import observe_linear_share
+
+    common = dict(window=3, sparse_size=2, sinks=1, chunk=4, mixing="lola_authors", linear_decay=decay)
+    torch.manual_seed(seed)
+    capped = lola.compose(lola.LoLAConfig(**common, linear_share_cap=cap), num_heads=4, head_dim=8, num_kv_heads=2)
+    free = lola.compose(lola.LoLAConfig(**common, linear_share_cap=1.0), num_heads=4, head_dim=8, num_kv_heads=2)
+    plain = lola.compose(lola.LoLAConfig(**common), num_heads=4, head_dim=8, num_kv_heads=2)
+    with torch.no_grad():
+        for m in (capped, free):
+            m.load_state_dict(plain.state_dict())
+            m.window_factors.fill_(-4.0)  # a small exact weight: the state's share exceeds the cap
+        plain.window_factors.fill_(-4.0)
+    q, k, v = inputs(b=2, t=24, seed=seed)
+    shares = []
+    with torch.no_grad(), observe_linear_share(lambda layer, share, valid: shares.append(share)):
+        o, _ = capped(q, k, v)
+    assert float(torch.cat([s.flatten() for s in shares]).max()) <= cap + 1e-6
+    with torch.no_grad():
+        o_first, state = capped(q[:, :18], k[:, :18], v[:, :18])
+        steps = [capped(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)[0] for i in range(18, 24)]
+        assert_rel_close(o, torch.cat([o_first, *steps], dim=1), 1e-5, "decode vs prefill")
+        o_free, _ = free(q, k, v)
+        o_plain, _ = plain(q, k, v)
+    assert torch.equal(o_free, o_plain)
+    assert not torch.allclose(o, o_plain)  # the cap changed something, so the checks above can fail

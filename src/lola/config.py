@@ -68,6 +68,8 @@ class LoLAConfig(BaseModel):
             paper's state; a half-life of ``n`` tokens is ``γ = 0.5 ** (1 / n)``): tokens are
             folded with weight ``γ^{age}`` and the state shrinks by ``γ^P`` at each step
             (:class:`~lola.memory.LinearState`), so far tokens fade instead of piling up.
+        linear_share_cap: at most this share of each output comes from the linear state
+            (``None``: no cap; :func:`lola.core.mix`); decode tokens then take the unfused path.
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
         feature_map: a name of :data:`lola.feature_maps.FEATURE_MAPS` (default
@@ -101,6 +103,7 @@ class LoLAConfig(BaseModel):
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
     affine: StrictBool = False
     linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     # sigmoid(window_factor_init) weighs the two terms: beyond +-1e4 it is 0 or 1 anyway.
     window_factor_init: Annotated[float, Strict(), Field(ge=-1e4, le=1e4, allow_inf_nan=False)] = -2.1972
     feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP

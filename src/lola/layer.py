@@ -56,7 +56,7 @@ class ObservedCall:
 
     def share(self) -> torch.Tensor:
         """``[B, H, T]``: the part of each output that the linear state gives (:func:`lola.core.linear_share`)."""
-        return linear_share(self.exact, self.linear, self.gate, self.layer.mixing, self.layer.affine)
+        return linear_share(self.exact, self.linear, self.gate, self.layer.mixing, self.layer.affine, self.layer.share_cap)
 
     def log_masses(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(exact, linear)``, each ``[B, H, T]``: the natural logs of the two masses the rule
@@ -130,6 +130,8 @@ class LoLAAttention(nn.Module):
         window_factor_init: initial value of ``window_factors``.
         scale: softmax scale, ``1/√D`` when ``None``.
         check_inputs: validate tensors on every call.
+        share_cap: the linear state's share of each output is at most this (``None``: no cap;
+            see :func:`lola.core.mix`). Decode tokens then take the unfused path.
     """
 
     def __init__(
@@ -146,6 +148,7 @@ class LoLAAttention(nn.Module):
         window_factor_init: float = -2.1972,
         scale: float | None = None,
         check_inputs: bool = True,
+        share_cap: float | None = None,
     ) -> None:
         super().__init__()
         check_geometry(num_heads, head_dim, num_kv_heads)
@@ -158,6 +161,9 @@ class LoLAAttention(nn.Module):
         self.feature_map_k = feature_map_k
         self.mixing = MixingRule(mixing)
         self.affine = affine
+        if share_cap is not None and not 0 < share_cap <= 1:
+            raise ValueError(f"share_cap must be in (0, 1] or None, got {share_cap!r}")
+        self.share_cap = share_cap
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
         self.check_inputs = check_inputs
         self.window_factors = nn.Parameter(torch.full((1, num_heads, 1, 1), float(window_factor_init)))
@@ -221,7 +227,8 @@ class LoLAAttention(nn.Module):
             kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
         valid = None if padding_mask is None else _as_bool_mask(padding_mask, q)
         observers = getattr(_observers, "stack", None)
-        if q.shape[1] == 1 and state.decodes_fused and not observers and (valid is None or bool(valid.all())):
+        fused = state.decodes_fused and not observers and self.share_cap is None  # the fused step mixes without a cap
+        if q.shape[1] == 1 and fused and (valid is None or bool(valid.all())):
             # One token per row: the fused decode step (one kernel call reads and mixes);
             # softmax_only never reads the linear state nor the gate, so neither is computed.
             mixing = kernel_mixing(self.mixing, self.affine)
@@ -236,7 +243,7 @@ class LoLAAttention(nn.Module):
         # softmax_only: the output never reads the linear state, so the queries' features are not computed.
         fq = None if kernel_mixing(self.mixing, self.affine) == "softmax_only" else self.feature_map_q(qh)
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
-        o = mix(exact, linear, gate, self.mixing, self.affine)
+        o = mix(exact, linear, gate, self.mixing, self.affine, self.share_cap)
         if observers:
             call = ObservedCall(self, exact, linear, gate, valid, state)
             for callback in tuple(observers):
@@ -414,4 +421,5 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         window_factor_init=cfg.window_factor_init,
         scale=cfg.scale,
         check_inputs=cfg.check_inputs,
+        share_cap=cfg.linear_share_cap,
     )

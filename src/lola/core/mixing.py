@@ -53,6 +53,7 @@ def mix(
     gate: torch.Tensor,
     rule: MixingRule | str,
     affine: bool = False,
+    share_cap: float | None = None,
 ) -> torch.Tensor:
     """Combine partials into attention outputs.
 
@@ -62,11 +63,12 @@ def mix(
         gate: ``[H]`` softmax weight ``w = sigmoid(window_factor)`` per head.
         rule: a :class:`MixingRule` or its name.
         affine: ``lolcats`` only: weight the linear term by ``1 − w`` instead of ``1``.
+        share_cap: the linear state's share of each output is at most this (``None``: no cap).
 
     Returns:
         ``[B, H, L, D]`` float32 outputs.
     """
-    return mix_partials(exact.num, exact.den, exact.max, linear.num, linear.den, gate, kernel_mixing(rule, affine))
+    return mix_partials(exact.num, exact.den, exact.max, linear.num, linear.den, gate, kernel_mixing(rule, affine), share_cap)
 
 
 def linear_share(
@@ -75,6 +77,7 @@ def linear_share(
     gate: torch.Tensor,
     rule: MixingRule | str,
     affine: bool = False,
+    share_cap: float | None = None,
 ) -> torch.Tensor:
     """The share ``α`` of each output that comes from the linear state.
 
@@ -87,4 +90,4 @@ def linear_share(
     Returns:
         ``[B, H, L]`` float32 in ``[0, 1]``.
     """
-    return _linear_share(exact.den, exact.max, linear.den, gate, kernel_mixing(rule, affine))
+    return _linear_share(exact.den, exact.max, linear.den, gate, kernel_mixing(rule, affine), share_cap)

@@ -10,7 +10,9 @@ weight ``w`` (already sigmoid-ed), the mixing rules are::
                         (numerator and denominator scaled by e^{-c}, c = max(m, 0), for stability)
     softmax_only    o = E_num / E_den
 
-A zero denominator gives ``o = 0`` in every rule.
+A zero denominator gives ``o = 0`` in every rule. Every rule is the convex combination
+``o = α L_num/L_den + (1 − α) E_num/E_den`` (:func:`linear_share`); an optional ``share_cap``
+``c`` replaces ``α`` by ``min(α, c)`` wherever an exact token is visible.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def mix_partials(
     l_den: torch.Tensor,
     gate: torch.Tensor,
     mixing: str,
+    share_cap: Optional[float] = None,
 ) -> torch.Tensor:
     """Mix exact softmax partials with linear-attention partials.
 
@@ -57,6 +60,8 @@ def mix_partials(
         l_den: ``[B, H, L]`` linear denominator ``fq^T s``.
         gate: ``[H]`` softmax weight ``w`` per head (already sigmoid-ed).
         mixing: one of :data:`MIXING_RULES`.
+        share_cap: ``c ∈ (0, 1]``: the linear state's share of each output is at most ``c``
+            (``None``: no cap).
 
     Returns:
         ``o [B, H, L, D]`` fp32.
@@ -68,7 +73,14 @@ def mix_partials(
     a, b = mixing_weights(e_max, gate, mixing)
     num = a[..., None] * e_num + b[..., None] * l_num.float()
     den = a * e_den + b * l_den.float()
-    return safe_divide(num, den)
+    out = safe_divide(num, den)
+    if share_cap is None:
+        return out
+    # Where the state's share exceeds the cap, the same two reads mixed at the cap instead (a
+    # query that sees no exact token keeps the state's read: there is nothing to mix it with).
+    share = linear_share(e_den, e_max, l_den, gate, mixing)
+    capped = share_cap * safe_divide(l_num.float(), l_den.float()) + (1 - share_cap) * safe_divide(e_num, e_den)
+    return torch.where(((share > share_cap) & (e_den > 0))[..., None], capped, out)
 
 
 def mixing_weights(e_max: torch.Tensor, gate: torch.Tensor, mixing: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,8 +108,10 @@ def mixing_weights(e_max: torch.Tensor, gate: torch.Tensor, mixing: str) -> tupl
     return w * torch.exp(e_max - c), (1 - w) * torch.exp(-c)  # a <= w; exactly 0 when nothing is visible
 
 
-def linear_share(e_den: torch.Tensor, e_max: torch.Tensor, l_den: torch.Tensor, gate: torch.Tensor, mixing: str) -> torch.Tensor:
-    """The share of each output that the linear state gives.
+def linear_share(
+    e_den: torch.Tensor, e_max: torch.Tensor, l_den: torch.Tensor, gate: torch.Tensor, mixing: str, share_cap: Optional[float] = None
+) -> torch.Tensor:
+    """The share of each output that the linear state gives (at most ``share_cap`` when given).
 
     Every mixing rule is a convex combination ``o = α · L_num/L_den + (1 − α) · E_num/E_den``
     with ``α = b L_den / (a E_den + b L_den)`` (:func:`mixing_weights`); ``α`` is returned
@@ -116,7 +130,8 @@ def linear_share(e_den: torch.Tensor, e_max: torch.Tensor, l_den: torch.Tensor, 
         return torch.zeros_like(e_den, dtype=torch.float32)
     a, b = mixing_weights(e_max, gate, mixing)
     lin = b * l_den.float()
-    return safe_divide(lin[..., None], a * e_den.float() + lin)[..., 0]
+    share = safe_divide(lin[..., None], a * e_den.float() + lin)[..., 0]
+    return share if share_cap is None else torch.where(e_den > 0, share.clamp_max(share_cap), share)
 
 
 def softmax_over_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor, scale: float) -> torch.Tensor:

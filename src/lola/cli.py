@@ -179,6 +179,24 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from lola.eval.budget_sweep import SWEEP_FILE, BudgetSweep, format_sweep, run_sweep
+    from lola.spec_options import given_fields
+
+    sweep = BudgetSweep(**given_fields(args, list(BudgetSweep.model_fields)))
+    from lola import models
+
+    with about("--model"):
+        model, tok = models.load(sweep.model)
+    out = args.out or "results/sweep"
+    args.interrupted_hint = "finished samples are kept in each point's folder; run the same command again to resume"
+    rows = run_sweep(sweep, model, tok, out, batch_size=_check_int("--batch-size", 1 if args.batch_size is None else args.batch_size, 1))
+    print("\npass-key accuracy against exact tokens per K/V head (95% Wilson intervals)\n")
+    print(format_sweep(rows))
+    print(f"\nresults: {out}/{SWEEP_FILE}, sweep-*.png, and a lola niah folder per point")
+    return 0
+
+
 def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | None = None) -> None:
     """Refuse a ``lola linearize --out`` folder that cannot be written, holds another tool's
     ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run
@@ -472,6 +490,16 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--config", help="a JSON or YAML file of options (as lola niah's); command-line options override it")
     probe.add_argument("--out", help="results folder (default results/probe-TASK); re-running resumes")
     probe.set_defaults(func=_probe)
+
+    sweep = sub.add_parser(
+        "sweep", parents=[common], help="pass-key accuracy against the exact-token budget at every length: window, hybrid, LoLA and its exact tokens alone"
+    )
+    from lola.eval.budget_sweep import BudgetSweep
+
+    add_spec_options(sweep, BudgetSweep, list(BudgetSweep.model_fields))
+    sweep.add_argument("--batch-size", dest="batch_size", type=int, help="samples of one length generated as one left-padded batch (default 1)")
+    sweep.add_argument("--out", help="results folder (default results/sweep); re-running resumes")
+    sweep.set_defaults(func=_sweep)
 
     lin = sub.add_parser("linearize", parents=[common], help="linearize a model: attention transfer (stage 1), then LoRA fine-tuning against it (stage 2)")
     lin.add_argument("--model", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")

@@ -1,0 +1,190 @@
+"""Recall against bytes: pass-key accuracy as the exact-token budget grows, at every length.
+
+``lola sweep`` runs ``lola niah`` once per (haystack, length, budget) point, each in a folder of
+its own (resumable, as ``lola niah`` is), with four methods at the same exact tokens per K/V
+head: a sliding window (``window``), the window + linear hybrid (``lolcats``), LoLA
+(``lola-<policy>``) and LoLA's exact tokens read alone (``lola-exact``: the same config,
+``softmax_only``). A budget is a fraction of the length (``1/32``: 256 exact tokens at 8K) or
+``paper``: the LoLA authors' footprint per K/V head (their η = λ = 256 per query head, with 3
+query heads per K/V head as on SmolLM2: a 256-token window and up to 768 sparse tokens; here 4
+sinks + a 252-token window + 768 sparse slots). The points are gathered into ``sweep.json``
+(accuracy with 95% Wilson intervals, cache bytes) and plotted against the exact tokens,
+one figure per haystack and a panel per length.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+from lola.config import Tokens
+from lola.demo import Seed
+
+__all__ = ["BudgetSweep", "PAPER_FOOTPRINT", "format_sweep", "point_run", "run_sweep"]
+
+PAPER_FOOTPRINT = {"sinks": 4, "window": 252, "sparse_size": 768}
+"""The ``paper`` budget: the LoLA authors' exact tokens per K/V head on SmolLM2's geometry."""
+SWEEP_FILE = "sweep.json"
+
+
+class BudgetSweep(BaseModel):
+    """Options of ``lola sweep``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
+    feature_maps: str | None = Field("auto", description="as lola niah's: auto (the model's shipped maps if any), none, a folder or a shipped name")
+    lengths: list[StrictInt] = Field(default_factory=lambda: [2048, 4096, 8192], min_length=1, description="context lengths in tokens")
+    budgets: list[str] = Field(
+        default_factory=lambda: ["1/32", "1/16", "1/8", "paper"],
+        min_length=1,
+        description="exact tokens per K/V head: fractions of the length, or paper (4 sinks + a 252-token window + 768 sparse slots)",
+    )
+    haystacks: list[Literal["noise", "prose"]] = Field(
+        default_factory=lambda: ["noise", "prose"], min_length=1, description="noise (RULER's sentences) or prose (Python's documentation, pydoc_data)"
+    )
+    samples: StrictInt = Field(20, ge=1, le=1_000_000, description="samples per point, at evenly spread depths")
+    policy: str | None = Field(
+        None, description="scoring policy of the lola methods (none: lola niah's default for the model: learned where a scorer ships, else sre)"
+    )
+    sinks: Tokens = Field(4, description="pinned first tokens of every method")
+    seed: Seed = Field(0, description="seed of the samples")
+
+    @field_validator("budgets")
+    @classmethod
+    def _known_budgets(cls, budgets: list[str]) -> list[str]:
+        for b in budgets:
+            if b == "paper":
+                continue
+            try:
+                f = Fraction(b)
+            except (ValueError, ZeroDivisionError):
+                raise ValueError(f"budgets must be fractions of the length like 1/16, or paper; got {b!r}") from None
+            if not 0 < f <= 1:
+                raise ValueError(f"budget fractions must lie in (0, 1], got {b!r}")
+        if len(set(budgets)) != len(budgets):
+            raise ValueError(f"budgets must be distinct, got {budgets}")
+        return budgets
+
+
+def _sizes(sweep: BudgetSweep, length: int, budget: str) -> dict[str, int]:
+    """``sinks``, ``window`` and ``sparse_size`` of LoLA at one point: a quarter of the exact tokens
+    in sinks + window, the rest sparse (``lola niah``'s 4 + 60 + 192 = 256)."""
+    if budget == "paper":
+        return dict(PAPER_FOOTPRINT)
+    exact = round(Fraction(budget) * length)
+    window = max(1, exact // 4 - sweep.sinks)
+    sparse = exact - sweep.sinks - window
+    if sparse < 0:
+        raise ValueError(f"budget {budget} of {length} tokens ({exact} exact) leaves no room beside {sweep.sinks} sinks and a window")
+    return {"sinks": sweep.sinks, "window": window, "sparse_size": sparse}
+
+
+def point_run(sweep: BudgetSweep, haystack: str, length: int, budget: str, prose_file: str | None = None) -> Any:
+    """The :class:`~lola.eval.niah_spec.NiahRun` of one point (``prose_file``: the prose haystack)."""
+    from lola.eval.niah_spec import NiahRun
+
+    base = NiahRun(model=sweep.model, feature_maps=sweep.feature_maps, methods=["lola"], policies=None if sweep.policy is None else [sweep.policy])
+    policy = base.policies[-1]  # the learned scorer where one ships (sre otherwise, or the sweep's)
+    exact = {"mixing": "softmax_only", "policy": policy, "budgets": "auto"}
+    return NiahRun(
+        model=sweep.model,
+        feature_maps=base.feature_maps,
+        lengths=[length],
+        samples=sweep.samples,
+        seed=sweep.seed,
+        methods=["window", "lolcats", "lola"],
+        policies=[policy],
+        haystack_file=prose_file if haystack == "prose" else None,
+        variants={"exact": exact},
+        **_sizes(sweep, length, budget),
+    )
+
+
+def _label(budget: str) -> str:
+    return budget.replace("/", "-")
+
+
+def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True, batch_size: int = 1) -> list[dict]:
+    """Run (or resume) every point of ``sweep``; returns the rows of ``sweep.json``."""
+    from lola.eval.niah_execution import run_niah
+    from lola.eval.niah_report import summarize
+    from lola.outputs import write_files
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prose = None
+    if "prose" in sweep.haystacks:
+        from pydoc_data.topics import topics
+
+        prose = str(out / "prose.txt")
+        if not Path(prose).is_file():
+            write_files(out, {"prose.txt": " ".join(topics.values())}, writer="lola sweep")
+    rows = []
+    for haystack in sweep.haystacks:
+        for length in sweep.lengths:
+            for budget in sweep.budgets:
+                run = point_run(sweep, haystack, length, budget, prose)
+                records = run_niah(run, model, tokenizer, out / f"{haystack}-{length}-{_label(budget)}", progress=progress, batch_size=batch_size)
+                exact = run.sinks + run.window + run.sparse_size
+                for method, by in summarize(records).items():
+                    cell = by[length]
+                    rows.append({"haystack": haystack, "length": length, "budget": budget, "exact_tokens": exact, "method": method, **cell})
+                body = json.dumps({"format": "lola-budget-sweep", "sweep": json.loads(sweep.model_dump_json()), "rows": rows}, indent=1)
+                write_files(out, {SWEEP_FILE: body + "\n"}, writer="lola sweep")
+    plot_sweep(rows, out)
+    return rows
+
+
+def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
+    """``sweep-<haystack>.png``: accuracy (95% Wilson intervals) against exact tokens per K/V
+    head, a panel per length, a line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lola.outputs import write_files
+
+    paths = []
+    for haystack in sorted({r["haystack"] for r in rows}):
+        mine = [r for r in rows if r["haystack"] == haystack]
+        lengths = sorted({r["length"] for r in mine})
+        fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.6), squeeze=False)
+        for ax, n in zip(axes[0], lengths):
+            for method in sorted({r["method"] for r in mine}):
+                pts = sorted((r for r in mine if r["length"] == n and r["method"] == method), key=lambda r: r["exact_tokens"])
+                xs, ys = [r["exact_tokens"] for r in pts], [r["accuracy"] for r in pts]
+                err = [[y - r["low"] for y, r in zip(ys, pts)], [r["high"] - y for y, r in zip(ys, pts)]]
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{haystack}, {n} tokens", fontsize=9)
+            ax.set_xlabel("exact tokens per K/V head")
+            ax.set_ylabel("accuracy (%)")
+            ax.grid(True, alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        (path,) = write_files(out_dir, {f"sweep-{haystack}.png": lambda p, fig=fig: fig.savefig(p, dpi=110, format="png")}, writer="lola sweep")
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def format_sweep(rows: list[dict]) -> str:
+    """One table per haystack: a row per (length, budget), a column per method (accuracy % [95% interval])."""
+    blocks = []
+    for haystack in sorted({r["haystack"] for r in rows}):
+        mine = [r for r in rows if r["haystack"] == haystack]
+        methods = sorted({r["method"] for r in mine})
+        head = f"{'length':>6} {'budget':>6} {'exact':>6} | " + " | ".join(f"{m:>16}" for m in methods)
+        lines = [f"{haystack} haystack", head, "-" * len(head)]
+        for n, budget, exact in sorted({(r["length"], r["budget"], r["exact_tokens"]) for r in mine}, key=lambda x: (x[0], x[2])):
+            cells = {r["method"]: r for r in mine if (r["length"], r["budget"]) == (n, budget)}
+            text = [f"{c['accuracy']:5.0f}% [{c['low']:3.0f}-{c['high']:3.0f}]" if (c := cells.get(m)) else "" for m in methods]
+            lines.append(f"{n:>6} {budget:>6} {exact:>6} | " + " | ".join(f"{t:>16}" for t in text))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

@@ -1,0 +1,56 @@
+import json
+
+import pytest
+
+from lola.cli import main
+from lola.eval.budget_sweep import PAPER_FOOTPRINT, BudgetSweep, point_run, run_sweep
+from lola.eval.runner import method_configs
+from lola.models import tiny_random
+
+SWEEP = BudgetSweep(model="tiny-random-llama", feature_maps="none", lengths=[600], budgets=["1/8", "1/4"], haystacks=["noise", "prose"], samples=1)
+
+
+def test_a_point_gives_every_method_the_same_exact_tokens():
+    run = point_run(SWEEP, "noise", 600, "1/8")
+    assert (run.sinks, run.window, run.sparse_size) == (4, 14, 57) and run.budget == 75  # 600 / 8
+    cfgs = method_configs(run)
+    assert list(cfgs) == ["window", "lolcats", "lola-sre", "lola-exact"]
+    assert {c.exact_budget for c in cfgs.values()} == {75}
+    assert cfgs["lola-exact"].mixing == "softmax_only" and cfgs["lola-exact"].policy == cfgs["lola-sre"].policy
+    assert cfgs["lola-exact"].sparse_size == cfgs["lola-sre"].sparse_size
+    # On trained maps LoLA's rule is left for the maps to decide (the paper's); its exact tokens alone are softmax_only.
+    trained = method_configs(point_run(BudgetSweep(), "noise", 2048, "1/8"))
+    assert "mixing" not in trained["lola-learned"].model_fields_set and trained["lola-exact"].mixing == "softmax_only"
+    assert trained["lola-exact"].policy == "learned" and trained["lola-exact"].policy_kwargs == trained["lola-learned"].policy_kwargs
+    paper = point_run(SWEEP, "noise", 8192, "paper")
+    assert {k: getattr(paper, k) for k in PAPER_FOOTPRINT} == PAPER_FOOTPRINT
+
+
+@pytest.mark.parametrize("budgets", [["0"], ["3/2"], ["a lot"], ["1/8", "1/8"]])
+def test_bad_budgets_are_refused(budgets):
+    with pytest.raises(ValueError, match="budget"):
+        BudgetSweep(budgets=budgets)
+
+
+def test_the_sweep_runs_every_point_resumes_and_plots(tmp_path):
+    model, tok = tiny_random()
+    rows = run_sweep(SWEEP, model, tok, tmp_path, progress=False)
+    points = {(r["haystack"], r["budget"]) for r in rows}
+    assert points == {(h, b) for h in ("noise", "prose") for b in ("1/8", "1/4")}
+    assert len(rows) == 4 * 4 and {r["method"] for r in rows} == {"window", "lolcats", "lola-sre", "lola-exact"}
+    assert json.loads((tmp_path / "sweep.json").read_text())["rows"] == rows
+    assert (tmp_path / "sweep-noise.png").stat().st_size > 0 and (tmp_path / "sweep-prose.png").stat().st_size > 0
+    samples = tmp_path / "prose-600-1-4" / "samples.jsonl"
+    before = samples.read_text()
+    assert len(before.splitlines()) == 4  # one sample of each method
+    assert run_sweep(SWEEP, model, tok, tmp_path, progress=False) == rows  # resumed: nothing re-run
+    assert samples.read_text() == before
+
+
+def test_the_command_prints_the_table(tmp_path, capsys):
+    argv = ["sweep", "--model", "tiny-random-llama", "--feature-maps", "none", "--lengths", "600", "--budgets", "1/4", "--haystacks", "noise"]
+    assert main([*argv, "--samples", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "noise haystack" in out and "lola-exact" in out and "1/4" in out
+    assert main(["sweep", "--budgets", "2", "--out", str(tmp_path / "x")]) == 2
+    assert "budget" in capsys.readouterr().err

@@ -54,6 +54,14 @@ class BudgetSweep(BaseModel):
     sinks: Tokens = Field(4, description="pinned first tokens of every method")
     seed: Seed = Field(0, description="seed of the samples")
 
+    @field_validator("lengths")
+    @classmethod
+    def _lengths(cls, lengths: list[int]) -> list[int]:
+        from lola.eval.niah_spec import NiahRun
+
+        NiahRun(lengths=lengths, feature_maps=None)  # lola niah's checks, before any model loads
+        return lengths
+
     @field_validator("budgets")
     @classmethod
     def _known_budgets(cls, budgets: list[str]) -> list[str]:

@@ -56,3 +56,14 @@ def test_linear_share_plot_draws_the_perplexity_results(tiny_maps, tmp_path):
     foreign.write_text("{}")
     with pytest.raises(AssertionError, match="not written by lola perplexity"):
         run("linear_share_plot.py", str(foreign), "--out", str(figure))
+
+
+def test_feature_map_shift_prints_shift_invariant_logits(tiny_maps):
+    out = run(
+        "feature_map_shift.py", "--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--offsets", "0", "300", "--tokens", "128", "--gap", "8"
+    )
+    lines = [line for line in out.splitlines() if line.startswith("offset")]
+    assert len(lines) == 2
+    # RoPE makes the softmax logits a function of the distance only: the same mean at both offsets.
+    logits = [float(line.split("mean logit ")[1].split()[0]) for line in lines]
+    assert abs(logits[0] - logits[1]) < 1e-3 and "per head ×first" in lines[1]

@@ -66,6 +66,9 @@ class NiahRun(BaseModel):
     linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
         None, description="the lola method's linear-state decay per token (1: none, the paper's state; 0.5 ** (1 / n): a half-life of n tokens)"
     )
+    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+        None, description="the lola method's cap on the linear state's share of each output (none: no cap)"
+    )
     feature_maps: str | None = Field(
         "auto",
         description="a `lola linearize` folder or a shipped name, loaded into every method but full; auto: the model's shipped maps if any; none: untrained maps (training-free)",
@@ -308,7 +311,8 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
         window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
     )
     common = {"gqa_storage": run.gqa_storage}
-    decay = {} if run.linear_decay is None else {"linear_decay": run.linear_decay}  # the lola method's (and its variants')
+    # The lola method's linear-state options (and its variants', unless they set their own).
+    decay = {k: v for k in ("linear_decay", "linear_share_cap") if (v := getattr(run, k)) is not None}
     out: dict[str, LoLAConfig | None] = {}
     for method in run.methods:
         if method != "lola":

@@ -52,6 +52,9 @@ class PerplexityRun(BaseModel):
     linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
         None, description="the lola method's linear-state decay per token (1: none, the paper's state; 0.5 ** (1 / n): a half-life of n tokens)"
     )
+    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+        None, description="the lola method's cap on the linear state's share of each output (none: no cap)"
+    )
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
         None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.resolve's default, the same)"
     )
@@ -110,7 +113,7 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             mixing=run.mixing if run.mixing is not None or trained else "lola_authors",
             trained_maps=trained,
             hybrid_window="window",
-            overrides={"linear_decay": run.linear_decay} if method == "lola" and run.linear_decay is not None else None,
+            overrides={k: v for k in ("linear_decay", "linear_share_cap") if method == "lola" and (v := getattr(run, k)) is not None} or None,
         )
         # The per-head budgets redistribute the sparse cache: the lola method's alone.
         configs[method] = resolve_config(cfg, model=run.model, budgets=run.budgets) if method == "lola" else cfg

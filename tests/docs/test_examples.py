@@ -67,3 +67,11 @@ def test_feature_map_shift_prints_shift_invariant_logits(tiny_maps):
     # RoPE makes the softmax logits a function of the distance only: the same mean at both offsets.
     logits = [float(line.split("mean logit ")[1].split()[0]) for line in lines]
     assert abs(logits[0] - logits[1]) < 1e-3 and "per head ×first" in lines[1]
+
+
+def test_share_quantiles_prints_ordered_quantiles(tiny_maps):
+    out = json.loads(
+        run("share_quantiles.py", "--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--policy", "sre", "--length", "128", "--chunks", "1")
+    )
+    q = [out["quantiles"][k] for k in ("0.5", "0.9", "0.99", "0.999")]
+    assert q == sorted(q) and 0 <= q[0] and q[-1] <= 1 and set(out["per_layer_q99"]) == {"0", "1"}

@@ -113,6 +113,8 @@ API_PAGES = {
     "lola.linearize.distributed": "linearize.rst",
     "lola.linearize.training_attention": "linearize.rst",
     "lola.eval.generation": "eval.rst",
+    "lola.eval.state_probe": "eval.rst",
+    "lola.eval.budget_sweep": "eval.rst",
     "lola.eval": "eval.rst",
     "lola.methods": "eval.rst",
     "lola.linearize": "linearize.rst",

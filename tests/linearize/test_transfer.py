@@ -179,7 +179,7 @@ def test_niah_methods_take_the_default_rule_per_method_unless_told_otherwise(tra
     from lola.eval.runner import NiahRun, method_configs
 
     out, _ = trained
-    small = dict(window=8, sparse_size=8, sinks=2, chunk=8, budgets="uniform", policies=["sre"])
+    small = dict(window=8, sparse_size=8, sinks=2, chunk=8, budgets="uniform", policies=["sre"], methods=["full", "window", "lolcats", "lola"])
     cfgs = method_configs(NiahRun(feature_maps=str(out), **small))
     assert "mixing" not in cfgs["lolcats"].model_fields_set and "mixing" not in cfgs["lola-sre"].model_fields_set
     assert cfgs["window"].mixing == "softmax_only"
@@ -195,7 +195,7 @@ def test_niah_methods_take_the_default_rule_per_method_unless_told_otherwise(tra
     assert model._lola.config.mixing == "softmax_only"
     remove_lola(model)
     # without feature maps: softmax_only for lola, lola_authors for the hybrid (as before)
-    plain = method_configs(NiahRun(**small))
+    plain = method_configs(NiahRun(feature_maps=None, **small))
     assert plain["lola-sre"].mixing == "softmax_only" and plain["lolcats"].mixing == "lola_authors"
 
 

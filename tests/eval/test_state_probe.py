@@ -19,6 +19,18 @@ def tiny():
     return tiny_random()
 
 
+def probed(tiny, cfg, seed, new_tokens, then=None):
+    """``probe_prompt`` on a fresh prompt with ``cfg`` applied, and ``then(model, sample)`` while it still is."""
+    model, tok = tiny
+    sample = make_sample(tok, "niah_single_1", 600, 0.5, seed=seed, max_new_tokens=new_tokens)
+    apply_lola(model, cfg)
+    try:
+        rec = probe_prompt(model, tok, sample.input_ids, sample.answers[0], new_tokens=new_tokens)
+        return rec, sample, (then(model, sample) if then else None)
+    finally:
+        remove_lola(model)
+
+
 def test_needle_positions_cover_exactly_the_value(tiny):
     _, tok = tiny
     sample = make_sample(tok, "niah_single_1", 600, 0.3, seed=4, max_new_tokens=4)
@@ -54,13 +66,7 @@ def test_the_hybrid_holds_the_needle_where_its_exact_tokens_reach(tiny, window):
 
 
 def test_softmax_only_reports_no_linear_mass(tiny):
-    model, tok = tiny
-    sample = make_sample(tok, "niah_single_1", 600, 0.5, seed=2, max_new_tokens=2)
-    apply_lola(model, lola.LoLAConfig(window=16, sparse_size=16, sinks=2, chunk=8, mixing="softmax_only"))
-    try:
-        rec = probe_prompt(model, tok, sample.input_ids, sample.answers[0], new_tokens=2)
-    finally:
-        remove_lola(model)
+    rec, _, _ = probed(tiny, lola.LoLAConfig(window=16, sparse_size=16, sinks=2, chunk=8, mixing="softmax_only"), seed=2, new_tokens=2)
     for layer in rec["layers"].values():
         assert layer["share"] == [0.0] * 4 and layer["log_linear"] == [None] * 4
         assert all(v is not None and math.isfinite(v) for v in layer["log_exact"])
@@ -103,13 +109,9 @@ def test_the_command_prints_the_per_layer_table(tmp_path, capsys):
 
 def test_probe_keeps_the_engine_outputs(tiny):
     # Observing forces the unfused decode path: the answer must be the one lola niah generates.
-    model, tok = tiny
-    sample = make_sample(tok, "niah_single_1", 600, 0.5, seed=5, max_new_tokens=4)
-    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8, mixing="lola_authors"))
-    try:
-        rec = probe_prompt(model, tok, sample.input_ids, sample.answers[0], new_tokens=4)
+    def generate(model, sample):
         with torch.no_grad():
-            out = model.generate(sample.input_ids, max_new_tokens=4, do_sample=False, cache=lola.integrations.transformers.LoLACache(model))
-    finally:
-        remove_lola(model)
-    assert rec["prediction"] == tok.decode(out[0, sample.length :], skip_special_tokens=True)
+            return model.generate(sample.input_ids, max_new_tokens=4, do_sample=False, cache=lola.integrations.transformers.LoLACache(model))
+
+    rec, sample, out = probed(tiny, lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8, mixing="lola_authors"), seed=5, new_tokens=4, then=generate)
+    assert rec["prediction"] == tiny[1].decode(out[0, sample.length :], skip_special_tokens=True)

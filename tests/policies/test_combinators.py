@@ -1,9 +1,12 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lola
 from lola.memory import KVBlock
-from lola.policies import Fusion, KeyNorm, Recency, SpanPooling, ValueWeighted, zscore
+from lola.policies import Distinct, Fusion, KeyNorm, Recency, SpanPooling, ValueWeighted, zscore
+from lola.policies.combinators import repeats
 from tests.policies.test_builtin import ctx_for
 
 
@@ -84,3 +87,103 @@ def test_combinators_are_configurable_by_name():
     attn = lola.compose(cfg, num_heads=2, head_dim=4)
     o, state = attn(torch.randn(1, 12, 2, 4), torch.randn(1, 12, 2, 4), torch.randn(1, 12, 2, 4))
     assert torch.isfinite(o).all() and state.queries is not None
+
+
+def repeats_by_loops(v, scores, pos, valid, threshold):
+    """The definition, one candidate pair at a time."""
+    b, h, n = scores.shape
+    out = torch.zeros(b, h, n, dtype=torch.bool)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(n):
+                for j in range(n):
+                    if j == i or not valid[bi, hi, j]:
+                        continue
+                    si, sj = float(scores[bi, hi, i]), float(scores[bi, hi, j])
+                    ranked_above = sj > si or (sj == si and int(pos[bi, hi, j]) < int(pos[bi, hi, i]))
+                    a, c = v[bi, hi, i].double(), v[bi, hi, j].double()
+                    cos = float(a @ c / (a.norm().clamp_min(1e-12) * c.norm().clamp_min(1e-12)))
+                    if ranked_above and cos >= threshold - 1e-5:
+                        out[bi, hi, i] = True
+    return out
+
+
+@settings(max_examples=60)
+@given(
+    n=st.integers(2, 9),
+    h=st.integers(1, 2),
+    copies=st.integers(0, 4),
+    threshold=st.sampled_from([0.5, 0.9, 0.99, 1.0]),
+    tie=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_repeats_match_the_pairwise_definition(n, h, copies, threshold, tie, seed):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(1, h, n, 3, generator=g)
+    # Plant exact copies (scaled: a repeat is a direction) so the threshold is reached at 1.0 too.
+    for c in range(min(copies, n - 1)):
+        v[0, :, c + 1] = v[0, :, 0] * (1.0 + c)
+    scores = torch.randint(0, 3, (1, h, n), generator=g).float() if tie else torch.randn(1, h, n, generator=g)
+    pos = torch.randperm(n, generator=g).expand(1, h, n).clone()
+    pos[..., -1] = torch.where(torch.rand(1, generator=g) < 0.3, -1, pos[..., -1])  # an empty slot
+    valid = pos >= 0
+    got = repeats(v, scores, pos, valid, threshold)
+    want = repeats_by_loops(v, scores, pos, valid, threshold)
+    assert torch.equal(got, want)
+    for c in range(min(copies, n - 1)):
+        if valid[0, 0, 0] and valid[0, 0, c + 1]:
+            # of two exact copies exactly the lower-ranked one is a repeat
+            first, second = (0, c + 1) if (scores[0, 0, 0] > scores[0, 0, c + 1]) or (scores[0, 0, 0] == scores[0, 0, c + 1] and pos[0, 0, 0] < pos[0, 0, c + 1]) else (c + 1, 0)
+            assert bool(got[0, 0, second])
+
+
+@settings(max_examples=60)
+@given(n=st.integers(2, 10), copies=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_distinct_ranks_repeats_last_and_keeps_every_other_order(n, copies, seed):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.arange(n).view(1, 1, n)
+    cand = KVBlock(torch.randn(1, 1, n, 3, generator=g), torch.randn(1, 1, n, 3, generator=g), pos)
+    for c in range(min(copies, n - 1)):
+        cand.v[0, 0, c + 1] = cand.v[0, 0, 0]
+    inner = KeyNorm().score(cand, None)
+    out = Distinct(policy="key_norm", threshold=0.999).score(cand, None)
+    rep = repeats(cand.v, inner, pos, cand.valid, 0.999)[0, 0]
+    assert int(rep.sum()) >= min(copies, n - 1)  # every planted copy but the best-ranked one
+    kept, dropped = out[0, 0][~rep], out[0, 0][rep]
+    if len(kept) and len(dropped):
+        assert kept.min() > dropped.max()
+    # Within each group the inner order is unchanged, and non-repeats keep their scores.
+    for group in (~rep, rep):
+        a, b = inner[0, 0][group], out[0, 0][group]
+        assert torch.equal(a.argsort(), b.argsort())
+    torch.testing.assert_close(out[0, 0][~rep], inner[0, 0][~rep])
+
+
+def test_distinct_keeps_one_copy_the_older_on_a_tie_and_ignores_empty_slots():
+    v = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]).view(1, 1, 4, 2)
+    pos = torch.tensor([7, 3, 5, -1]).view(1, 1, 4)
+    cand = KVBlock(torch.zeros(1, 1, 4, 2), v, pos)
+    out = Distinct(policy="recency", threshold=0.9).score(cand, None)
+    inner = Recency().score(cand, None)
+    # pos 7 and pos 3 point the same way: recency ranks 7 higher, so 3 is the repeat; the empty
+    # slot (same direction, but not a candidate) makes no repeat of anything.
+    assert float(out[0, 0, 0]) == float(inner[0, 0, 0])
+    assert float(out[0, 0, 2]) == float(inner[0, 0, 2])
+    assert float(out[0, 0, 1]) < min(float(out[0, 0, 0]), float(out[0, 0, 2]))
+    # equal scores: the older position stays
+    tied = Distinct(policy="key_norm", threshold=0.9).score(KVBlock(torch.ones(1, 1, 4, 2), v, pos), None)
+    assert float(tied[0, 0, 1]) > float(tied[0, 0, 0])
+
+
+def test_distinct_validates_and_builds_by_name():
+    for bad in (0.0, 1.5, -1, "x", True):
+        with pytest.raises(ValueError, match="threshold"):
+            Distinct(threshold=bad)
+    with pytest.raises(KeyError, match="unknown policy"):
+        Distinct(policy="nope")
+    assert Distinct(policy="attention").needs_attention
+    cfg = lola.LoLAConfig(window=2, sparse_size=3, chunk=2, policy="distinct", policy_kwargs={"policy": "sre", "threshold": 0.9})
+    attn = lola.compose(cfg, num_heads=2, head_dim=4)
+    v = torch.randn(1, 1, 2, 4).expand(1, 12, 2, 4).contiguous()  # one value repeated: the cache keeps one copy
+    o, state = attn(torch.randn(1, 12, 2, 4), torch.randn(1, 12, 2, 4), v)
+    assert torch.isfinite(o).all()

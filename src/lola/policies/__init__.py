@@ -3,12 +3,12 @@
 Built-ins are registered as ``"sre"``, ``"attention"``, ``"recency"``, ``"random"``,
 ``"key_norm"``, ``"expected_attention"``, ``"key_diff"`` and ``"learned"`` (a fitted
 :class:`lola.scorers.TokenScorer`); the combinators ``"fusion"``,
-``"value_weighted"`` and ``"span"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
+``"value_weighted"``, ``"span"`` and ``"distinct"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
 """
 
 from lola.policies.base import ScoringContext, ScoringPolicy
 from lola.policies.builtin import AttentionMagnitude, KeyNorm, Random, Recency, SelfRecallError
-from lola.policies.combinators import Fusion, SpanPooling, ValueWeighted, zscore
+from lola.policies.combinators import Distinct, Fusion, SpanPooling, ValueWeighted, zscore
 from lola.policies.learned import LearnedScore
 from lola.policies.predictive import ExpectedAttention, KeyDiff, average_rope_rotation
 from lola.policies.registry import ENTRY_POINT_GROUP, available, build, get, register, reload_entry_points, unregister
@@ -24,10 +24,12 @@ register("learned", LearnedScore)
 register("fusion", Fusion)
 register("value_weighted", ValueWeighted)
 register("span", SpanPooling)
+register("distinct", Distinct)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "AttentionMagnitude",
+    "Distinct",
     "ExpectedAttention",
     "Fusion",
     "KeyDiff",

@@ -133,7 +133,8 @@ def test_repeats_match_the_pairwise_definition(n, h, copies, threshold, tie, see
     for c in range(min(copies, n - 1)):
         if valid[0, 0, 0] and valid[0, 0, c + 1]:
             # of two exact copies exactly the lower-ranked one is a repeat
-            first, second = (0, c + 1) if (scores[0, 0, 0] > scores[0, 0, c + 1]) or (scores[0, 0, 0] == scores[0, 0, c + 1] and pos[0, 0, 0] < pos[0, 0, c + 1]) else (c + 1, 0)
+            a, b = (float(scores[0, 0, 0]), int(pos[0, 0, 0])), (float(scores[0, 0, c + 1]), -int(pos[0, 0, c + 1]))
+            second = c + 1 if (a[0], -a[1]) > b else 0
             assert bool(got[0, 0, second])
 
 

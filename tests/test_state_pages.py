@@ -176,3 +176,80 @@ def test_reads_deferred_past_later_writes_see_the_pages_as_they_were(monkeypatch
             state.bind_pages(pages, torch.tensor(rows), seen=torch.zeros(1, dtype=torch.long))
             out, _ = attn(q, k, v, state=state)
             torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def _bound_state():
+    attn = lola.compose(lola.LoLAConfig(window=4, chunk=4, sparse_size=3, sinks=1), num_heads=H, head_dim=D, num_kv_heads=HKV)
+    state = attn.new_state()
+    pages = _pages(attn, state)
+    clear_rows(pages, torch.arange(SLOTS))
+    return attn, state, pages
+
+
+def test_aliased_pages_are_refused():
+    attn, state, pages = _bound_state()
+    pages["slots.v"] = pages["slots.k"]  # keys and values in one buffer: each write would clobber the other
+    with pytest.raises(ValueError, match=r"pages\['slots.k'\] and pages\['slots.v'\] share memory"):
+        state.bind_pages(pages, torch.tensor([0]), seen=torch.tensor([0]))
+
+
+def test_pages_cut_from_one_buffer_as_a_server_does_are_accepted():
+    """One byte buffer per page, each component at its own offset (lola-vllm's layout): rows of
+    every component interleave in memory without sharing a byte."""
+    attn, state, pages = _bound_state()
+    widths = {key: t[0].numel() * t.element_size() for key, t in pages.items()}
+    buf = torch.zeros(SLOTS, sum(widths.values()), dtype=torch.uint8)
+    offset, cut = 0, {}
+    for key in sorted(pages, key=lambda k: -pages[k].element_size()):
+        cut[key] = buf[:, offset : offset + widths[key]].view(pages[key].dtype).view(pages[key].shape)
+        cut[key].copy_(pages[key])
+        offset += widths[key]
+    state.bind_pages(cut, torch.tensor([3, 1]), seen=torch.tensor([0, 0]))
+    q, k, v = (torch.randn(2, 9, n, D) for n in (H, HKV, HKV))
+    with torch.no_grad():
+        attn(q, k, v, state=state)
+    assert int(cut["slots.pos"][3].max()) == 8  # the engine wrote through the views
+
+
+@pytest.mark.parametrize(
+    ("edit", "seen", "match"),
+    [
+        (None, -1, r"has seen -1 tokens"),
+        (lambda p: p["slots.pos"][2, 0, 0].fill_(5), 5, r"page 2 \(row 0\) is inconsistent: it has seen 5 tokens but holds positions -1 … 5"),
+        (lambda p: p["slots.pos"][2, 1, 2].fill_(-7), 9, r"holds positions -7 …"),
+    ],
+    ids=["negative-seen", "position-not-seen", "position-below-empty"],
+)
+def test_counts_and_positions_that_no_run_writes_are_refused(edit, seen, match):
+    attn, state, pages = _bound_state()
+    if edit is not None:
+        edit(pages)
+    with pytest.raises(ValueError, match=match):
+        state.bind_pages(pages, torch.tensor([2]), seen=torch.tensor([seen]))
+    pages["seen"] = torch.full((SLOTS,), seen)  # a seen page is read the same way
+    with pytest.raises(ValueError, match=match):
+        attn.new_state().bind_pages(pages, torch.tensor([2]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9), st.integers(1, 6), st.integers(1, 3)), min_size=2, max_size=2))
+def test_pages_share_memory_exactly_when_a_byte_is_shared(views):
+    """Property: the aliasing test agrees with the set of bytes each page covers wherever the
+    pages step through memory alike (one layout's pages; a page of one row); with strides that
+    differ it may refuse spans that interleave, but never misses a shared byte."""
+    from lola.state_pages import _overlap
+
+    buf = torch.zeros(6 * 48)
+    pages = []
+    for offset, width, rows, row_stride in views:
+        width = min(width, 48 - offset)
+        pages.append(buf.as_strided((min(rows, 6 // row_stride or 1), width), (48 * row_stride, 1), offset))
+
+    def cells(t):
+        return {t.storage_offset() + i * t.stride(0) + j for i in range(t.shape[0]) for j in range(t.shape[1])}
+
+    shared = bool(cells(pages[0]) & cells(pages[1]))
+    if pages[0].stride(0) == pages[1].stride(0) or 1 in (pages[0].shape[0], pages[1].shape[0]):
+        assert _overlap(*pages) == shared
+    else:
+        assert _overlap(*pages) or not shared

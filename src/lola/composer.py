@@ -368,7 +368,9 @@ class LoLAMemory:
         """Keep this state in rows ``rows [B]`` of external buffers ``pages`` (a serving engine's
         pages): contiguous rows are written in place, others gathered here and written back by
         index after every call (:mod:`lola.state_pages`). Loading, reordering or resetting the
-        state unbinds it."""
+        state unbinds it. Pages that share memory, and rows whose content no run could have
+        written (a negative ``seen``, positions outside ``[-1, seen)``), are refused
+        (:func:`lola.state_pages.check_pages_content`: one read back per bind)."""
         bind(self, pages, rows, seen)
 
     @property

@@ -160,6 +160,10 @@ class LoLAAttention(nn.Module):
         self.feature_map_q = feature_map_q
         self.feature_map_k = feature_map_k
         self.mixing = MixingRule(mixing)
+        if affine and self.mixing is not MixingRule.LOLCATS:
+            raise ValueError(
+                f"affine=True weighs the linear term of the lolcats rule only, and mixing={self.mixing.value!r} ignores it: set affine=False or mixing='lolcats'"
+            )
         self.affine = affine
         if share_cap is not None and not 0 < share_cap <= 1:
             raise ValueError(f"share_cap must be in (0, 1] or None, got {share_cap!r}")
@@ -409,6 +413,17 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         sizes = getattr(cfg, field)
         if sizes is not None and len(sizes) != storage:
             raise ValueError(f"{field} must give one size per storage head ({storage} with gqa_storage={cfg.gqa_storage!r}), got {len(sizes)}")
+    if cfg.mixing == "softmax_only":
+        # That rule reads exact tokens alone: a head that holds none would output zeros.
+        windows = cfg.window_per_head or [cfg.window] * storage
+        sparse = cfg.sparse_size_per_head or [cfg.sparse_size] * storage
+        empty = [h for h in range(storage) if cfg.sinks + windows[h] + sparse[h] == 0]
+        if empty:
+            where = f"layer {layer}: " if layer is not None else ""
+            raise ValueError(
+                f"{where}storage heads {empty} hold no exact token (sinks + window + sparse_size = 0) and mixing='softmax_only' reads exact "
+                "tokens alone: their output would be zeros; give them a window, sparse slots or sinks, or a mixing rule that reads the linear state"
+            )
     return LoLAAttention(
         num_heads,
         head_dim,

@@ -11,17 +11,31 @@ serving process reads a saved folder without lola's transformers integration::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from lola.config import LoLAConfig
 
-__all__ = ["CONFIG_KEY", "ENTRY_FORMAT", "config_entry", "entry_config", "is_entry"]
+__all__ = ["CONFIG_KEY", "ENTRY_FORMAT", "ModelEntry", "config_entry", "entry_config", "is_entry", "read_entry"]
 
 CONFIG_KEY = "lola"
 """The attribute of a transformers config (and key of ``config.json``) that holds :func:`config_entry`."""
 
 ENTRY_FORMAT = "lola-pretrained/1"
 """The ``format`` marker of :func:`config_entry`."""
+
+
+class ModelEntry(BaseModel):
+    """The ``lola`` entry of a saved model's ``config.json``, read as strictly as the API reads a
+    config: unknown keys are refused (a typo or a newer writer's field is not dropped unread) and
+    ``lora_merged`` must be a JSON boolean."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["lola-pretrained/1"]
+    config: LoLAConfig
+    lora_merged: StrictBool = False
 
 
 def config_entry(config: LoLAConfig, lora_merged: bool) -> dict[str, Any]:
@@ -39,14 +53,21 @@ def is_entry(value: object) -> bool:
     return isinstance(value, Mapping) and "format" in value
 
 
-def entry_config(entry: object) -> LoLAConfig:
-    """The :class:`~lola.LoLAConfig` of a :func:`config_entry`.
+def read_entry(entry: object) -> ModelEntry:
+    """A :func:`config_entry` read back into a :class:`ModelEntry`.
 
     Raises:
         ValueError: ``entry`` is not an entry this version of lola wrote (another format, or no
-            ``config`` mapping); a field the config refuses is pydantic's ``ValidationError``.
+            ``config`` mapping); a field the entry or the config refuses (an unknown key, a
+            ``lora_merged`` that is not a boolean) is pydantic's ``ValidationError``, which
+            names the field.
     """
     if not isinstance(entry, Mapping) or entry.get("format") != ENTRY_FORMAT or not isinstance(entry.get("config"), Mapping):
         found = entry.get("format") if isinstance(entry, Mapping) else type(entry).__name__
         raise ValueError(f"config.json has a 'lola' entry that lola did not write (format {found!r}, expected {ENTRY_FORMAT!r})")
-    return LoLAConfig.model_validate(dict(entry["config"]))
+    return ModelEntry.model_validate(dict(entry))
+
+
+def entry_config(entry: object) -> LoLAConfig:
+    """The :class:`~lola.LoLAConfig` of a :func:`config_entry` (read by :func:`read_entry`)."""
+    return read_entry(entry).config

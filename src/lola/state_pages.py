@@ -29,7 +29,7 @@ from lola.memory.base import EMPTY, KVBlock
 if TYPE_CHECKING:
     from lola.composer import LoLAMemory
 
-__all__ = ["PageBinding", "bind", "clear_rows", "page_layout", "sync"]
+__all__ = ["PageBinding", "bind", "check_pages_content", "clear_rows", "page_layout", "sync"]
 
 
 @dataclass
@@ -100,7 +100,59 @@ def _contiguous_start(rows: torch.Tensor) -> int | None:
     return None
 
 
-def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None) -> None:
+def _row_spans(page: torch.Tensor) -> tuple[int, int, int, int]:
+    """``(storage, first byte, row stride, row extent)`` in bytes of ``page [slots, ...]``: row
+    ``i`` lies within ``[first + i·stride, first + i·stride + extent)``."""
+    size = page.element_size()
+    extent = 0 if page[:1].numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(page.shape[1:], page.stride()[1:]))
+    first = page.untyped_storage().data_ptr() + page.storage_offset() * size
+    return page.untyped_storage().data_ptr(), first, page.stride(0) * size, extent * size
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two pages share a byte (each row taken as its whole span)."""
+    (sa, fa, ra, la), (sb, fb, rb, lb) = _row_spans(a), _row_spans(b)
+    n, m = a.shape[0], b.shape[0]
+    if sa != sb or la == 0 or lb == 0 or n == 0 or m == 0:
+        return False
+    ra, rb = (rb, rb) if n == 1 else (ra, ra) if m == 1 else (ra, rb)  # one row's stride is arbitrary
+    if ra != rb or ra <= 0:  # not one layout's pages: compare the whole spans
+        return fa < fb + (m - 1) * rb + lb and fb < fa + (n - 1) * ra + la
+    # Row i of a and row j of b meet iff -lb < d0 + k·r < la, with k = j - i in [-(n-1), m-1].
+    d0, r = fb - fa, ra
+    k_low = (-lb - d0) // r + 1  # the least k with d0 + k·r > -lb
+    k_high = -((d0 - la) // r) - 1  # the greatest k with d0 + k·r < la
+    return max(k_low, -(n - 1)) <= min(k_high, m - 1)
+
+
+def check_pages_content(pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor) -> None:
+    """Refuse pages a run of the engine could not have written or that would overwrite each
+    other: two pages sharing memory (a key page aliased to a value page), a negative ``seen``,
+    or a bound row holding a position outside ``[-1, seen)`` (``-1``: an empty slot).
+
+    Args:
+        pages: as :func:`bind` takes them.
+        rows: ``[B]`` the bound pages.
+        seen: ``[B]`` their token counts.
+    """
+    keys = sorted(pages)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1 :]:
+            if _overlap(pages[a], pages[b]):
+                raise ValueError(f"pages[{a!r}] and pages[{b!r}] share memory: every state component needs buffers of its own (one would overwrite the other)")
+    pos = pages["slots.pos"].index_select(0, rows)  # [B, Hs, N]
+    held = pos.flatten(1).amax(dim=1) if pos[0].numel() else torch.full_like(seen, EMPTY)
+    low = pos.flatten(1).amin(dim=1) if pos[0].numel() else torch.full_like(seen, EMPTY)
+    bad = (held >= seen) | (low < EMPTY)  # a negative seen fails the first: every position is >= -1
+    if bool(bad.any()):  # one read back for the whole check
+        r = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"page {int(rows[r])} (row {r}) is inconsistent: it has seen {int(seen[r])} tokens but holds positions {int(low[r])} … {int(held[r])} "
+            f"(expected seen >= 0 and positions in [{EMPTY}, seen), {EMPTY} for an empty slot; clear a new sequence's pages with clear_rows)"
+        )
+
+
+def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None, check: bool = True) -> None:
     """Make ``memory``'s state the rows ``rows [B]`` of ``pages`` (see the module's text).
 
     Args:
@@ -108,6 +160,8 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
             :func:`page_layout` (any geometry it allows), on one device.
         rows: ``[B]`` int64 page of each row.
         seen: ``[B]`` int64 tokens each row has seen; required when ``pages`` has no ``seen``.
+        check: check the pages' content (:func:`check_pages_content`); off only where the
+            engine binds pages it has just written itself.
 
     Raises:
         ValueError: naming the page and what was expected.
@@ -134,6 +188,8 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
         raise ValueError(f"rows must name each page once (two rows in one page would overwrite each other), got {rows.tolist()}")
     if "seen" not in pages and (seen is None or tuple(seen.shape) != tuple(rows.shape)):
         raise ValueError(f"seen must give each of the {rows.numel()} rows its token count (the pages hold none)")
+    if check:
+        check_pages_content(pages, rows, pages["seen"].index_select(0, rows) if "seen" in pages else seen.to(device=k.device, dtype=torch.long))
     start = _contiguous_start(rows)
 
     def take(page: torch.Tensor) -> torch.Tensor:
@@ -183,7 +239,7 @@ def sync(memory: "LoLAMemory", pushed: torch.Tensor | None) -> None:
                 replaced = replaced or key != "seen"
         if replaced:
             counts = (memory._seen_host, memory._due)  # the host's counts stay known
-            bind(memory, bound.pages, bound.rows, None if "seen" in bound.pages else memory.seen)
+            bind(memory, bound.pages, bound.rows, None if "seen" in bound.pages else memory.seen, check=False)  # written by the engine
             memory._seen_host, memory._due = counts
         return
     if pushed is None:

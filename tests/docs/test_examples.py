@@ -75,3 +75,15 @@ def test_share_quantiles_prints_ordered_quantiles(tiny_maps):
     )
     q = [out["quantiles"][k] for k in ("0.5", "0.9", "0.99", "0.999")]
     assert q == sorted(q) and 0 <= q[0] and q[-1] <= 1 and set(out["per_layer_q99"]) == {"0", "1"}
+
+
+def test_adapted_full_attention_answers_lola_niahs_prompts_and_resumes(tiny_maps, tmp_path):
+    out = tmp_path / "adapted.jsonl"
+    args = ["--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--lengths", "400", "--samples", "2", "--seed", "3", "--out", str(out)]
+    first = run("adapted_full_attention.py", *args)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["length"], r["index"]) for r in records] == [(400, 0), (400, 1)] and "length 400:" in first
+    assert run("adapted_full_attention.py", *args).count("#") == 0  # resumed: nothing generated again
+    assert len(out.read_text().splitlines()) == 2
+    with pytest.raises(AssertionError, match="another run's samples"):
+        run("adapted_full_attention.py", *args[:-4], "--seed", "4", "--out", str(out))

@@ -186,6 +186,11 @@ def test_variants_and_budgets_build_named_methods(tmp_path):
         NiahRun(variants={"bad": {"window": -1}})
     with pytest.raises(ValueError, match="no shipped budgets"):
         NiahRun(budgets="nope")
+    # variants alone: no policy run besides them; neither is an error that names both
+    only = method_configs(run.model_copy(update={"policies": []}))
+    assert list(only) == ["lola-ea-span", "lola-uniform-sre"]
+    with pytest.raises(ValueError, match="policies is empty and there are no variants"):
+        NiahRun(methods=["lola"], policies=[])
 
 
 def test_summary_has_wilson_intervals():

@@ -11,6 +11,7 @@ from lola.linearize import hybrid_attention
 
 def layer_and_hybrid(T, W, H, Hkv, D, mixing, affine, seed):
     torch.manual_seed(seed)
+    affine = affine and mixing == "lolcats"  # the other rules have no affine form (refused)
     cfg = lola.LoLAConfig(window=W, sparse_size=0, sinks=0, schedule="tokenwise", mixing=mixing, affine=affine, feature_map="hedgehog", feature_dim=5)
     layer = lola.compose(cfg, num_heads=H, head_dim=D, num_kv_heads=Hkv)
     with torch.no_grad():

@@ -47,8 +47,8 @@ class NiahRun(BaseModel):
     # learned scorer"): the default where one ships for the model, else self-recall error.
     policies: list[str] = Field(
         default_factory=lambda: ["sre", "learned"],
-        min_length=1,
-        description="scoring policies of the lola method, one run each (with no feature maps: learned where a scorer ships, else sre)",
+        description="scoring policies of the lola method, one run each (with no feature maps: learned where a scorer ships, else sre); "
+        "empty when only `variants` run",
     )
     window: Tokens = Field(60, description="window of the lola method")
     # 4 + 60 + 192 = 256 exact tokens: S-NIAH-1 at 2K went from 1/20 with a 64-token sparse
@@ -163,6 +163,8 @@ class NiahRun(BaseModel):
         # Variants are LoLA configs: without the lola method they would be dropped unread.
         if self.variants and "lola" not in self.methods:
             raise ValueError(f"variants ({', '.join(self.variants)}) run with the lola method only: add lola to methods {self.methods} or remove the variants")
+        if "lola" in self.methods and not self.policies and not self.variants:
+            raise ValueError("policies is empty and there are no variants: the lola method needs at least one policy or variant")
         if self.max_new_tokens is None and self.new_tokens >= min(self.lengths):
             raise ValueError(
                 f"lengths {self.lengths} leave no room for a prompt beside the {self.new_tokens} tokens a {self.task} answer gets "

@@ -144,3 +144,34 @@ def test_generate_reads_at_most_the_padding_mask_back_per_token(monkeypatch, pad
     # after it, the prompt (≤ 30 tokens) and 12 new ones stay below the first step (position 63).
     decoded = [b - a for a, b in zip(per_token[1:], per_token[2:])]
     assert len(decoded) == 10 and all(n == (1 if padded else 0) for n in decoded), decoded
+
+
+@pytest.mark.parametrize("shape", [(2, 10), (2, 14), (3, 12)])
+def test_an_attention_mask_of_another_shape_is_refused(shape):
+    # all ones: generate would drop it after deriving the positions from it (shifted by 2 for 14)
+    model = apply_lola(tiny("llama"), SMALL)
+    ids = torch.randint(0, 101, (2, 12))
+    with pytest.raises(ValueError, match=rf"attention_mask has shape \({shape[0]}, {shape[1]}\), expected \(2, 12\)"):
+        model.generate(ids, attention_mask=torch.ones(shape, dtype=torch.long), max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match=rf"attention_mask has shape \({shape[0]}, {shape[1]}\), expected \(2, 12\)"):
+        model(ids, attention_mask=torch.ones(shape, dtype=torch.long))
+    # with a cache the mask covers the cached tokens too
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(ids, attention_mask=torch.ones(2, 12, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match=r"expected \(2, 13\).*1 new \+ 12 cached"):
+            model(ids[:, :1], attention_mask=torch.ones(2, 1, dtype=torch.long), cache=cache)
+        model(ids[:, :1], attention_mask=torch.ones(2, 13, dtype=torch.long), cache=cache)
+
+
+def test_generate_refuses_to_run_past_the_models_positions():
+    model = apply_lola(tiny("llama"), SMALL)
+    most = model.config.max_position_embeddings
+    ids = torch.randint(0, 101, (1, most - 4))
+    with pytest.raises(ValueError, match=rf"feed {most + 1} positions.*max_position_embeddings \({most}\)"):
+        model.generate(ids, max_new_tokens=6, do_sample=False)
+    # the last new token is never fed: prompt + new tokens = positions + 1 is allowed
+    model.config.max_position_embeddings = 40
+    with torch.no_grad():
+        out = model.generate(ids[:, :36], max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == 41

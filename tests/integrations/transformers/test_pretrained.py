@@ -1,6 +1,7 @@
 """save_pretrained / lola.from_pretrained round trip."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -64,4 +65,68 @@ def test_missing_lola_tensors_are_refused(tmp_path):
     tensors = {k: v for k, v in load_file(weights).items() if ".layers.1.self_attn.lola." not in k}
     save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="do not match its config: missing"):
+        from_pretrained(tmp_path)
+
+
+def test_a_clean_load_reports_nothing_and_leaves_the_class_as_it_was(tmp_path, caplog):
+    from transformers import LlamaForCausalLM
+
+    declared = LlamaForCausalLM.__dict__.get("_keys_to_ignore_on_load_unexpected", "unset")
+    model = apply_lola(tiny("llama"), CFG)
+    model.save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        from_pretrained(tmp_path)
+    # transformers' report would list lola's tensors as UNEXPECTED ("not ok if you expect identical arch").
+    assert "LOAD REPORT" not in caplog.text and "UNEXPECTED" not in caplog.text
+    assert LlamaForCausalLM.__dict__.get("_keys_to_ignore_on_load_unexpected", "unset") == declared
+    # A stock load of the same folder still reports them: only lola's loader declares them.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        LlamaForCausalLM.from_pretrained(tmp_path)
+    assert "UNEXPECTED" in caplog.text
+
+
+def _rewrite(path, drop=(), change=None):
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v for k, v in load_file(path).items() if not any(d in k for d in drop)}
+    if change:
+        tensors.update(change(tensors))
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_a_missing_model_weight_is_an_error_not_a_random_one(tmp_path):
+    model = apply_lola(tiny("llama"), CFG)
+    model.save_pretrained(tmp_path)
+    _rewrite(tmp_path / "model.safetensors", drop=("embed_tokens",))
+    with pytest.raises(ValueError, match=r"lacks 1 weight\(s\) of the model \(model\.embed_tokens\.weight\)"):
+        from_pretrained(tmp_path)
+
+
+def test_lola_tensors_of_the_wrong_shape_or_kind_are_refused(tmp_path):
+    model = apply_lola(tiny("llama"), CFG)
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    name = next(n for n, _ in model.named_parameters() if n.endswith("lola.window_factors"))
+    original = weights.read_bytes()
+    _rewrite(weights, change=lambda t: {name: t[name].round().to(torch.int32)})
+    with pytest.raises(ValueError, match=rf"{name}.*torch.int32, expected a floating-point tensor"):
+        from_pretrained(tmp_path)
+    weights.write_bytes(original)
+    _rewrite(weights, change=lambda t: {name: torch.cat([t[name], t[name]])})
+    with pytest.raises(ValueError, match=rf"{name}.*has shape"):
+        from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [(lambda e: e.update(junk=1), "junk"), (lambda e: e.update(lora_merged="yes"), "lora_merged"), (lambda e: e["config"].update(windw=3), "windw")],
+)
+def test_the_saved_entry_is_read_as_strictly_as_the_api(tmp_path, edit, field):
+    model = apply_lola(tiny("llama"), CFG)
+    model.save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    edit(meta["lola"])
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"config.json: its 'lola' entry.*{field}"):
         from_pretrained(tmp_path)

@@ -72,6 +72,11 @@ def apply_lola(
     bad = [i for i in config.full_attention_layers if i >= num_layers]
     if bad:
         raise ValueError(f"full_attention_layers {bad} out of range: the model has {num_layers} layers")
+    if num_layers and len(set(config.full_attention_layers)) >= num_layers:
+        raise ValueError(
+            f"full_attention_layers {sorted(config.full_attention_layers)} covers every one of the model's {num_layers} layers: "
+            "nothing would run LoLA; leave at least one layer out (or do not apply LoLA)"
+        )
     bad = [i for i in config.layer_overrides if i >= num_layers]
     if bad:
         raise ValueError(f"layer_overrides for layers {bad} out of range: the model has {num_layers} layers")

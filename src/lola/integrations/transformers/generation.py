@@ -4,11 +4,14 @@ transformers' ``generate`` builds its default cache in ``_prepare_cache_for_gene
 (a ``DynamicCache``, which would hand LoLA layers every past key). :func:`apply_lola` shadows
 that method on the model *instance* (the class and other models are untouched) so that any
 caller that passes no cache — pipelines, lm-eval, TRL — gets a fresh ``LoLACache``; a cache
-LoLA cannot use is refused before any compute. :func:`remove_lola` takes the shadow away.
+LoLA cannot use, and a request that would run past ``max_position_embeddings``, are refused
+before any compute. ``_prepare_position_ids_for_generation`` is shadowed too: an
+``attention_mask`` whose shape is not the prompt's is refused there, before generate derives
+positions from it. :func:`remove_lola` takes the shadows away.
 
 Every forward, with a cache or without, first runs
-:func:`~lola.integrations.transformers.applied.check_attention_implementation` (a forward
-pre-hook, :func:`install_forward_check`): a model switched to another attention implementation
+:func:`~lola.integrations.transformers.applied.check_attention_implementation` and
+:func:`check_attention_mask` (a forward pre-hook, :func:`install_forward_check`): a model switched to another attention implementation
 after ``apply_lola`` is refused instead of running stock attention. A switch made on purpose
 (stage 2 of ``lola linearize`` runs its teacher passes on the stock attention) goes through
 :func:`~lola.integrations.transformers.applied.attention_switched`.
@@ -21,7 +24,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_cache", "install_forward_check", "install_generation_hook", "remove_forward_check", "remove_generation_hook"]
+__all__ = [
+    "check_attention_mask",
+    "check_cache",
+    "check_generation_length",
+    "install_forward_check",
+    "install_generation_hook",
+    "remove_forward_check",
+    "remove_generation_hook",
+]
 
 _HOOK = "_prepare_cache_for_generation"
 _CACHE_KWARGS = ("cache", "past_key_values")  # the name generate uses (transformers >= 5.24), and the old one
@@ -36,9 +47,26 @@ def check_cache(model: torch.nn.Module, cache: Any) -> None:
     cache.check_model(model)
 
 
+def check_generation_length(model: torch.nn.Module, positions_needed: int) -> None:
+    """Refuse a generation that would feed positions past the model's ``max_position_embeddings``:
+    LoLA's exact tokens keep their rotary positions, and beyond the trained range the model's
+    (and the feature maps') behaviour is unmeasured: refused, as :meth:`LoLACache.load` does."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if type(positions) is int and positions > 0 and positions_needed > positions:
+        raise ValueError(
+            f"generate would feed {positions_needed} positions (the prompt plus max_new_tokens, less the last token), past the model's "
+            f"max_position_embeddings ({positions}): lower max_new_tokens (or max_length) so that prompt + new tokens is at most {positions + 1}"
+        )
+
+
 def _prepare_cache_for_generation(self: torch.nn.Module, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any) -> Any:
     from lola.integrations.transformers.cache import LoLACache
 
+    # transformers passes (generation_mode, batch_size, max_cache_length): the positions the
+    # cache will be fed, max_length - 1.
+    most = kwargs.get("max_cache_length", args[2] if len(args) > 2 else None)
+    if type(most) is int:
+        check_generation_length(self, most)
     given = [model_kwargs[k] for k in _CACHE_KWARGS if model_kwargs.get(k) is not None]
     if given:
         check_cache(self, given[0])
@@ -53,27 +81,65 @@ def _prepare_cache_for_generation(self: torch.nn.Module, generation_config: Any,
     return type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
 
 
+def _prepare_position_ids_for_generation(self: torch.nn.Module, inputs_tensor: Any, model_kwargs: dict, *args: Any, **kwargs: Any) -> Any:
+    # The one place where generate holds both the prompt and the user's 2-D mask: it derives the
+    # positions from the mask here, then drops an all-ones mask, so a mask of another length
+    # would shift every position silently (or fail deep in the rotary embedding).
+    mask = model_kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and isinstance(inputs_tensor, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) != tuple(inputs_tensor.shape[:2]):
+        raise ValueError(
+            f"attention_mask has shape {tuple(mask.shape)}, expected {tuple(inputs_tensor.shape[:2])}: that of the input ids, one column per token"
+        )
+    return type(self)._prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs, *args, **kwargs)
+
+
+_HOOKS = {_HOOK: _prepare_cache_for_generation, "_prepare_position_ids_for_generation": _prepare_position_ids_for_generation}
+
+
 def install_generation_hook(model: torch.nn.Module) -> None:
-    """Shadow ``model._prepare_cache_for_generation`` (this instance only)."""
-    if hasattr(type(model), _HOOK):
-        setattr(model, _HOOK, MethodType(_prepare_cache_for_generation, model))
+    """Shadow ``model._prepare_cache_for_generation`` and ``_prepare_position_ids_for_generation``
+    (this instance only)."""
+    for name, hook in _HOOKS.items():
+        if hasattr(type(model), name):
+            setattr(model, name, MethodType(hook, model))
 
 
 def remove_generation_hook(model: torch.nn.Module) -> None:
     """Undo :func:`install_generation_hook`."""
-    model.__dict__.pop(_HOOK, None)
+    for name in _HOOKS:
+        model.__dict__.pop(name, None)
 
 
-def _check_forward(model: torch.nn.Module, args: Any) -> None:
+def check_attention_mask(input_ids: Any, attention_mask: Any, cache: Any) -> None:
+    """Refuse an ``attention_mask`` that does not cover ``[B, past + T]`` for inputs ``[B, T]``
+    (``past``: the tokens ``cache`` holds; stock attention would broadcast some mismatches silently)."""
+    if not isinstance(attention_mask, torch.Tensor) or not isinstance(input_ids, torch.Tensor) or attention_mask.dim() != 2 or input_ids.dim() < 2:
+        return
+    past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+    batch, new = input_ids.shape[0], input_ids.shape[1]
+    if tuple(attention_mask.shape) != (batch, past + new):
+        held = f" + {past} cached" if past else ""
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({batch}, {past + new}): one row per sequence and one column "
+            f"per token ({new} new{held})"
+        )
+
+
+def _check_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     from lola.integrations.transformers.applied import check_attention_implementation
 
     check_attention_implementation(model)  # attribute reads: nothing waits for the device
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
+    check_attention_mask(ids, kwargs.get("attention_mask"), cache)  # shapes only
 
 
 def install_forward_check(model: torch.nn.Module) -> None:
-    """Check the attention implementation before every forward of ``model`` (the hook's handle is
-    kept in ``model._lola.forward_check``)."""
-    model._lola.forward_check = model.register_forward_pre_hook(_check_forward)
+    """Check the attention implementation and the attention mask's shape before every forward of
+    ``model`` (the hook's handle is kept in ``model._lola.forward_check``)."""
+    model._lola.forward_check = model.register_forward_pre_hook(_check_forward, with_kwargs=True)
 
 
 def remove_forward_check(model: torch.nn.Module) -> None:

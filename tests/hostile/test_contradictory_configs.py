@@ -1,0 +1,60 @@
+"""Hostile inputs, class 7 (degenerate or contradictory configs): refused where they are built,
+not run to a result that looks like success.
+
+- a storage head with no exact token under ``softmax_only`` (the rule reads exact tokens
+  alone: its output would be zeros), per head and per layer of a model;
+- ``full_attention_layers`` naming every layer (nothing would run LoLA);
+- ``affine=True`` with a rule other than ``lolcats`` (which alone has an affine form).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import lola
+from lola.integrations.transformers import apply_lola
+from tests.integrations.transformers.conftest import tiny
+
+
+@pytest.mark.parametrize(
+    "fields, heads",
+    [
+        (dict(window=0, sparse_size=0, sinks=0), "[0, 1]"),
+        (dict(window=0, sparse_size=0, sinks=0, schedule="tokenwise", chunk=1), "[0, 1]"),
+        (dict(window_per_head=[0, 4], sparse_size_per_head=[0, 2], sinks=0), "[0]"),
+    ],
+)
+def test_a_head_with_no_exact_token_is_refused_under_softmax_only(fields, heads):
+    cfg = lola.LoLAConfig(mixing="softmax_only", **fields)
+    with pytest.raises(ValueError, match=re.escape(f"storage heads {heads} hold no exact token")):
+        lola.compose(cfg, num_heads=2, head_dim=4)
+    # a rule that reads the linear state has something to read: pure linear attention is fine
+    attn = lola.compose(cfg.model_copy(update={"mixing": "lola_authors"}), num_heads=2, head_dim=4)
+    o, _ = attn(torch.randn(1, 6, 2, 4), torch.randn(1, 6, 2, 4), torch.randn(1, 6, 2, 4))
+    assert o.abs().amax() > 0
+    # one sink is enough
+    lola.compose(cfg.model_copy(update={"sinks": 1}), num_heads=2, head_dim=4)
+
+
+def test_a_model_layer_with_no_exact_token_is_named():
+    cfg = lola.LoLAConfig(window=4, sparse_size=0, sinks=0, mixing="softmax_only", layer_overrides={1: {"window": 0}})
+    with pytest.raises(ValueError, match="layer 1: storage heads"):
+        apply_lola(tiny("llama"), cfg)
+
+
+def test_full_attention_in_every_layer_is_refused():
+    model = tiny("llama")
+    layers = model.config.num_hidden_layers
+    with pytest.raises(ValueError, match=f"covers every one of the model's {layers} layers"):
+        apply_lola(model, lola.LoLAConfig(full_attention_layers=list(range(layers))))
+    apply_lola(model, lola.LoLAConfig(full_attention_layers=list(range(layers - 1))))
+
+
+@pytest.mark.parametrize("mixing", ["lola_authors", "softmax_only"])
+def test_affine_with_a_rule_that_has_no_affine_form_is_refused(mixing):
+    with pytest.raises(ValueError, match=f"affine=True weighs the linear term of the lolcats rule only, and mixing='{mixing}' ignores it"):
+        lola.compose(lola.LoLAConfig(mixing=mixing, affine=True), num_heads=2, head_dim=4)
+    lola.compose(lola.LoLAConfig(mixing="lolcats", affine=True), num_heads=2, head_dim=4)

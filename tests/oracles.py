@@ -81,14 +81,15 @@ def step_decay_weights(t: int, chunk: int, decay: float) -> torch.Tensor:
     return torch.full((t, t), float(decay), dtype=torch.float64) ** age
 
 
-def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linear_weights=None, share_cap=None):
+def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linear_weights=None, share_cap=None, cap_from=0):
     """LoLCATs mixing over a dense exact mask; the rest of the causal past is linear.
 
     ``q: [B, T, H, D]``; ``k, v: [B, T, H, D]`` per query head; ``fq, fk: [B, T, H, F]``;
     ``exact_mask: [T, T]``; ``gate: [H]`` softmax weight; ``linear_weights``: optional ``[T, T]``
     weight of each linear key for each query (a decay, :func:`step_decay_weights`);
     ``share_cap``: the linear part's share of each output, ``lw·Σa / (w·Σp + lw·Σa)``, at most
-    this (the two parts' own averages mixed at the cap). Returns ``[B, T, H, D]`` (float64).
+    this (the two parts' own averages mixed at the cap), for the queries at positions ``>= cap_from``.
+    Returns ``[B, T, H, D]`` (float64).
     """
     t = q.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool).tril()
@@ -113,7 +114,8 @@ def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linea
         y_exact = torch.einsum("bhij,bjhd->bhid", p, v.double()) / p.sum(-1, keepdim=True).clamp_min(1e-300)
         capped = share_cap * y_lin + (1 - share_cap) * y_exact
         seen = p.sum(-1) > 0  # a query that sees no exact token keeps the linear read
-        out = torch.where((seen & (share > share_cap)).unsqueeze(-1), capped, out)
+        applies = torch.arange(t) >= cap_from  # [T]
+        out = torch.where((seen & (share > share_cap) & applies).unsqueeze(-1), capped, out)
     return out.transpose(1, 2)
 
 

@@ -153,9 +153,10 @@ def test_invariant2_no_exact_memory_is_linear_attention(shape, mixing, schedule,
     fmap=st.sampled_from(FEATURE_MAPS),
     decay=st.sampled_from([1.0, 0.9, 0.5]),
     cap=st.sampled_from([None, 0.3, 0.8]),
+    cap_from=st.sampled_from([0, 3, 7]),
     seed=st.integers(0, 2**16),
 )
-def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, chunk, affine, storage, fmap, decay, cap, seed):
+def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, chunk, affine, storage, fmap, decay, cap, cap_from, seed):
     b, t, h, h_kv, d = shape
     cfg = lola.LoLAConfig(
         window=window,
@@ -168,6 +169,7 @@ def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, 
         feature_map=fmap,
         linear_decay=decay,
         linear_share_cap=cap,
+        linear_share_cap_from=cap_from if cap is not None else 0,
     )
     attn = build(cfg, h, h_kv, d, seed)
     q, k, v = make_inputs(b, t, h, h_kv, d, seed)
@@ -177,7 +179,7 @@ def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, 
         gate = torch.sigmoid(attn.window_factors).view(-1)
         exact = hybrid_exact_mask(t, window, sinks, chunk)
         weights = step_decay_weights(t, chunk, decay)  # a decaying state: each key by its age at the last step
-        ref = lolcats_hybrid(q, repeat_kv(k, g), repeat_kv(v, g), fq, key_features(attn, k), exact, gate, attn.scale, affine, weights, cap)
+        ref = lolcats_hybrid(q, repeat_kv(k, g), repeat_kv(v, g), fq, key_features(attn, k), exact, gate, attn.scale, affine, weights, cap, cap_from)
         o_par, _ = attn(q, k, v)
         o_rec, _ = run_split(attn, q, k, v, list(range(1, t)))
     assert_rel_close(ref, o_par, 1e-5, "chunk-parallel")

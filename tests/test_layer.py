@@ -382,3 +382,32 @@ def test_a_share_cap_bounds_the_state_and_decodes_as_it_prefills(seed, cap, deca
         o_plain, _ = plain(q, k, v)
     assert torch.equal(o_free, o_plain)
     assert not torch.allclose(o, o_plain)  # the cap changed something, so the checks above can fail
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), cap_from=st.integers(1, 12), pad=st.integers(1, 5))
+def test_a_share_cap_from_a_position_counts_each_rows_real_tokens(seed, cap_from, pad):
+    """``linear_share_cap_from``: a query's position is its row's count of real tokens, so a
+    left-padded row is capped where it would be alone; queries before the position read as with
+    no cap, from it on as with the cap."""
+    common = dict(window=3, sparse_size=2, sinks=1, chunk=4, mixing="lola_authors")
+    torch.manual_seed(seed)
+    gated = lola.compose(lola.LoLAConfig(**common, linear_share_cap=0.02, linear_share_cap_from=cap_from), num_heads=4, head_dim=8, num_kv_heads=2)
+    capped = lola.compose(lola.LoLAConfig(**common, linear_share_cap=0.02), num_heads=4, head_dim=8, num_kv_heads=2)
+    plain = lola.compose(lola.LoLAConfig(**common), num_heads=4, head_dim=8, num_kv_heads=2)
+    with torch.no_grad():
+        for m in (gated, capped):
+            m.load_state_dict(plain.state_dict())
+        for m in (gated, capped, plain):
+            m.window_factors.fill_(-4.0)  # the state's share exceeds the cap
+    q, k, v = inputs(b=2, t=18, seed=seed)
+    mask = torch.ones(2, 18, dtype=torch.bool)
+    mask[1, :pad] = False
+    with torch.no_grad():
+        o, _ = gated(q, k, v, padding_mask=mask)
+        alone, _ = gated(q[1:, pad:], k[1:, pad:], v[1:, pad:])
+        o_capped, o_plain = capped(q[:1], k[:1], v[:1])[0], plain(q[:1], k[:1], v[:1])[0]
+    assert_rel_close(alone, o[1:, pad:], 1e-5, "padded row vs alone")
+    assert torch.equal(o[:1, :cap_from], o_plain[:, :cap_from])
+    assert_rel_close(o_capped[:, cap_from:], o[:1, cap_from:], 1e-6, "capped from the position on")
+    assert not torch.allclose(o_capped[:, cap_from:], o_plain[:, cap_from:])  # the cap changed something there

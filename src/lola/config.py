@@ -70,6 +70,10 @@ class LoLAConfig(BaseModel):
             (:class:`~lola.memory.LinearState`), so far tokens fade instead of piling up.
         linear_share_cap: at most this share of each output comes from the linear state
             (``None``: no cap; :func:`lola.core.mix`); decode tokens then take the unfused path.
+        linear_share_cap_from: the cap applies to queries at positions ``>=`` this (``0``:
+            every query). Trained feature maps read positions they were not trained at
+            differently (their kernel grows with absolute position, docs/results.md): set it
+            to the length the maps were trained at to leave every read inside it untouched.
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
         feature_map: a name of :data:`lola.feature_maps.FEATURE_MAPS` (default
@@ -104,6 +108,7 @@ class LoLAConfig(BaseModel):
     affine: StrictBool = False
     linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    linear_share_cap_from: Tokens = 0
     # sigmoid(window_factor_init) weighs the two terms: beyond +-1e4 it is 0 or 1 anyway.
     window_factor_init: Annotated[float, Strict(), Field(ge=-1e4, le=1e4, allow_inf_nan=False)] = -2.1972
     feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP
@@ -165,6 +170,14 @@ class LoLAConfig(BaseModel):
                 self.for_layer(layer)
             except ValidationError as err:  # one line naming the layer and the field
                 raise ValueError(f"layer_overrides[{layer}]: {validation_summary(err)}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _cap_from_needs_a_cap(self) -> "LoLAConfig":
+        if self.linear_share_cap_from and self.linear_share_cap is None:
+            raise ValueError(
+                f"linear_share_cap_from={self.linear_share_cap_from} says where the share cap starts, but linear_share_cap is None: set a cap or leave linear_share_cap_from at 0"
+            )
         return self
 
     @model_validator(mode="after")

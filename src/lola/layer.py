@@ -40,6 +40,8 @@ class ObservedCall:
         gate: ``[H]`` softmax weight ``w = sigmoid(window_factor)``.
         valid: ``[B, T]`` bool, real tokens.
         state: the layer's :class:`LoLAMemory` after the call (its exact tokens, linear state).
+        cap: the share cap the call applied: ``None``, a number, or ``[B, 1, T]`` per query
+            (``1`` where it does not apply; see ``linear_share_cap_from``).
     """
 
     layer: "LoLAAttention"
@@ -48,6 +50,7 @@ class ObservedCall:
     gate: torch.Tensor
     valid: torch.Tensor
     state: LoLAMemory
+    cap: float | torch.Tensor | None = None
 
     @property
     def rule(self) -> str:
@@ -56,7 +59,7 @@ class ObservedCall:
 
     def share(self) -> torch.Tensor:
         """``[B, H, T]``: the part of each output that the linear state gives (:func:`lola.core.linear_share`)."""
-        return linear_share(self.exact, self.linear, self.gate, self.layer.mixing, self.layer.affine, self.layer.share_cap)
+        return linear_share(self.exact, self.linear, self.gate, self.layer.mixing, self.layer.affine, self.cap)
 
     def log_masses(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(exact, linear)``, each ``[B, H, T]``: the natural logs of the two masses the rule
@@ -132,6 +135,8 @@ class LoLAAttention(nn.Module):
         check_inputs: validate tensors on every call.
         share_cap: the linear state's share of each output is at most this (``None``: no cap;
             see :func:`lola.core.mix`). Decode tokens then take the unfused path.
+        share_cap_from: the cap applies to queries at positions ``>=`` this only (``0``: all);
+            a query's position is the count of real tokens before it in its row.
     """
 
     def __init__(
@@ -149,6 +154,7 @@ class LoLAAttention(nn.Module):
         scale: float | None = None,
         check_inputs: bool = True,
         share_cap: float | None = None,
+        share_cap_from: int = 0,
     ) -> None:
         super().__init__()
         check_geometry(num_heads, head_dim, num_kv_heads)
@@ -168,6 +174,11 @@ class LoLAAttention(nn.Module):
         if share_cap is not None and not 0 < share_cap <= 1:
             raise ValueError(f"share_cap must be in (0, 1] or None, got {share_cap!r}")
         self.share_cap = share_cap
+        if isinstance(share_cap_from, bool) or not isinstance(share_cap_from, int) or share_cap_from < 0:
+            raise ValueError(f"share_cap_from must be an integer >= 0, got {share_cap_from!r}")
+        if share_cap_from and share_cap is None:
+            raise ValueError(f"share_cap_from={share_cap_from} without a share_cap: set share_cap or leave share_cap_from at 0")
+        self.share_cap_from = share_cap_from
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
         self.check_inputs = check_inputs
         self.window_factors = nn.Parameter(torch.full((1, num_heads, 1, 1), float(window_factor_init)))
@@ -246,13 +257,27 @@ class LoLAAttention(nn.Module):
             valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
         # softmax_only: the output never reads the linear state, so the queries' features are not computed.
         fq = None if kernel_mixing(self.mixing, self.affine) == "softmax_only" else self.feature_map_q(qh)
+        cap = self._caps(state.seen, valid)  # from the counts before this call's tokens
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
-        o = mix(exact, linear, gate, self.mixing, self.affine, self.share_cap)
+        o = mix(exact, linear, gate, self.mixing, self.affine, cap)
         if observers:
-            call = ObservedCall(self, exact, linear, gate, valid, state)
+            call = ObservedCall(self, exact, linear, gate, valid, state, cap)
             for callback in tuple(observers):
                 callback(call)
         return o.transpose(1, 2).to(q.dtype), state
+
+    def _caps(self, seen: torch.Tensor, valid: torch.Tensor) -> float | torch.Tensor | None:
+        """The share cap of each query: ``None``, the cap itself, or with ``share_cap_from``
+        ``[B, 1, T]``, the cap from that position on and ``1`` (no cap) before it.
+
+        Args:
+            seen: ``[B]`` real tokens each row held before this call.
+            valid: ``[B, T]`` bool, real tokens of this call.
+        """
+        if self.share_cap is None or not self.share_cap_from:
+            return self.share_cap
+        pos = seen.to(valid.device)[:, None] + valid.long().cumsum(dim=1) - 1  # [B, T]: each query's position
+        return torch.where(pos >= self.share_cap_from, self.share_cap, 1.0).float()[:, None, :]
 
     # -- validation -----------------------------------------------------------------------------
     def _check(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: LoLAMemory | None, padding_mask: torch.Tensor | None) -> None:
@@ -437,4 +462,5 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         scale=cfg.scale,
         check_inputs=cfg.check_inputs,
         share_cap=cfg.linear_share_cap,
+        share_cap_from=cfg.linear_share_cap_from,
     )

@@ -4,7 +4,8 @@ not run to a result that looks like success.
 - a storage head with no exact token under ``softmax_only`` (the rule reads exact tokens
   alone: its output would be zeros), per head and per layer of a model;
 - ``full_attention_layers`` naming every layer (nothing would run LoLA);
-- ``affine=True`` with a rule other than ``lolcats`` (which alone has an affine form).
+- ``affine=True`` with a rule other than ``lolcats`` (which alone has an affine form);
+- where the share cap starts (``linear_share_cap_from``) without a cap.
 """
 
 from __future__ import annotations
@@ -58,3 +59,13 @@ def test_affine_with_a_rule_that_has_no_affine_form_is_refused(mixing):
     with pytest.raises(ValueError, match=f"affine=True weighs the linear term of the lolcats rule only, and mixing='{mixing}' ignores it"):
         lola.compose(lola.LoLAConfig(mixing=mixing, affine=True), num_heads=2, head_dim=4)
     lola.compose(lola.LoLAConfig(mixing="lolcats", affine=True), num_heads=2, head_dim=4)
+
+
+def test_a_share_cap_start_without_a_cap_is_refused():
+    with pytest.raises(ValueError, match="linear_share_cap_from=2048 says where the share cap starts, but linear_share_cap is None"):
+        lola.LoLAConfig(mixing="lola_authors", linear_share_cap_from=2048)
+    built = lola.compose(lola.LoLAConfig(mixing="lola_authors"), num_heads=2, head_dim=4)
+    parts = dict(memory_factory=built.memory_factory, feature_map_q=built.feature_map_q, feature_map_k=built.feature_map_k)
+    with pytest.raises(ValueError, match="share_cap_from=5 without a share_cap"):
+        lola.LoLAAttention(2, 4, share_cap_from=5, **parts)
+    lola.LoLAAttention(2, 4, share_cap=0.1, share_cap_from=5, **parts)  # with a cap: accepted

@@ -53,7 +53,7 @@ def mix(
     gate: torch.Tensor,
     rule: MixingRule | str,
     affine: bool = False,
-    share_cap: float | None = None,
+    share_cap: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Combine partials into attention outputs.
 
@@ -63,7 +63,8 @@ def mix(
         gate: ``[H]`` softmax weight ``w = sigmoid(window_factor)`` per head.
         rule: a :class:`MixingRule` or its name.
         affine: ``lolcats`` only: weight the linear term by ``1 − w`` instead of ``1``.
-        share_cap: the linear state's share of each output is at most this (``None``: no cap).
+        share_cap: the linear state's share of each output is at most this (``None``: no cap), or
+            a tensor broadcastable to ``[B, H, L]``, one cap per output (``1``: none).
 
     Returns:
         ``[B, H, L, D]`` float32 outputs.
@@ -77,7 +78,7 @@ def linear_share(
     gate: torch.Tensor,
     rule: MixingRule | str,
     affine: bool = False,
-    share_cap: float | None = None,
+    share_cap: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The share ``α`` of each output that comes from the linear state.
 

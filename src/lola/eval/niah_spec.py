@@ -69,6 +69,10 @@ class NiahRun(BaseModel):
     linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
         None, description="the lola method's cap on the linear state's share of each output (none: no cap)"
     )
+    linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] | None = Field(
+        None,
+        description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)",
+    )
     feature_maps: str | None = Field(
         "auto",
         description="a `lola linearize` folder or a shipped name, loaded into every method but full; auto: the model's shipped maps if any; none: untrained maps (training-free)",
@@ -314,7 +318,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     )
     common = {"gqa_storage": run.gqa_storage}
     # The lola method's linear-state options (and its variants', unless they set their own).
-    decay = {k: v for k in ("linear_decay", "linear_share_cap") if (v := getattr(run, k)) is not None}
+    decay = {k: v for k in ("linear_decay", "linear_share_cap", "linear_share_cap_from") if (v := getattr(run, k)) is not None}
     out: dict[str, LoLAConfig | None] = {}
     for method in run.methods:
         if method != "lola":

@@ -55,6 +55,10 @@ class PerplexityRun(BaseModel):
     linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
         None, description="the lola method's cap on the linear state's share of each output (none: no cap)"
     )
+    linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] | None = Field(
+        None,
+        description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)",
+    )
     mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
         None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.resolve's default, the same)"
     )
@@ -113,7 +117,8 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             mixing=run.mixing if run.mixing is not None or trained else "lola_authors",
             trained_maps=trained,
             hybrid_window="window",
-            overrides={k: v for k in ("linear_decay", "linear_share_cap") if method == "lola" and (v := getattr(run, k)) is not None} or None,
+            overrides={k: v for k in ("linear_decay", "linear_share_cap", "linear_share_cap_from") if method == "lola" and (v := getattr(run, k)) is not None}
+            or None,
         )
         # The per-head budgets redistribute the sparse cache: the lola method's alone.
         configs[method] = resolve_config(cfg, model=run.model, budgets=run.budgets) if method == "lola" else cfg

@@ -6,7 +6,9 @@ A folder holds:
   ``…feature_map_k.mlp.layer`` (``[H, D, f]``) and ``…window_factors`` (``[1, H, 1, 1]``), the
   LoLCATs key names, so :func:`~lola.integrations.transformers.load_lolcats_checkpoint` reads it too;
 - ``lola_config.json``: the hybrid's :class:`~lola.LoLAConfig` (window, feature map, mixing)
-  and the geometry of the model it was trained for;
+  and the geometry of the model it was trained for; optionally ``"read"``
+  (:class:`ReadDefaults`), how LoLA reads the maps unless told otherwise, calibrated after
+  training;
 - ``report.json``: how it was trained (per-layer MSE before and after, text, steps, time);
 - after stage 2 (LoRA fine-tuning): ``lora.safetensors`` (peft-named adapters of q, k, v, o;
   see :mod:`lola.pretrained.lora`), their rank and alpha under ``"lora"`` in
@@ -20,11 +22,13 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from lola.config import LoLAConfig
-from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_LAYERS
+from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_LAYERS, MAX_TOKENS
 from lola.pretrained.lora import LORA_FILE, LoraSpec
 from lola.pretrained.tensors import group_tensors
 
@@ -34,6 +38,7 @@ __all__ = [
     "FINETUNE_REPORT_FILE",
     "REPORT_FILE",
     "FeatureMaps",
+    "ReadDefaults",
     "folder_is_ours",
     "model_geometry",
     "read_feature_maps",
@@ -61,6 +66,27 @@ _TENSOR_KEY = re.compile(
 TRAINED_FIELDS = ("feature_map", "feature_dim", "affine")
 
 
+class ReadDefaults(BaseModel):
+    """How LoLA reads a folder's maps under the paper's rule (``lola_authors``) unless the
+    config says otherwise: fields of :class:`~lola.LoLAConfig` calibrated after training
+    (``"read"`` in ``lola_config.json``). :meth:`FeatureMaps.merge_into` fills the ones a
+    config leaves unset.
+
+    Attributes:
+        linear_share_cap: the state's share of each output at most this (calibrated as a high
+            quantile of the share on the maps' own training text at their training length).
+        linear_share_cap_from: the cap applies from this position on (the training length:
+            reads inside it are left as trained).
+        note: how the values were found (a command), for the reader.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+    note: str = ""
+
+
 @dataclass
 class FeatureMaps:
     """A feature-map folder read into memory.
@@ -72,6 +98,7 @@ class FeatureMaps:
         path: where it was read from.
         lora: peft-named LoRA tensors of stage 2, or ``None`` (maps only).
         lora_spec: their rank, alpha and targets.
+        read: how LoLA reads the maps unless told otherwise, or ``None``.
     """
 
     config: LoLAConfig
@@ -80,6 +107,7 @@ class FeatureMaps:
     path: str
     lora: dict[str, torch.Tensor] | None = None
     lora_spec: LoraSpec | None = None
+    read: ReadDefaults | None = None
 
     def merge_into(self, config: LoLAConfig) -> LoLAConfig:
         """``config`` with the trained fields (feature map, ``f``, affine) filled in and its
@@ -88,7 +116,8 @@ class FeatureMaps:
 
         A trained field the caller set explicitly to another value is an error, except
         ``mixing``, which the caller may change on purpose (e.g. ``softmax_only`` for scoring
-        studies).
+        studies). Under the paper's rule the folder's :class:`ReadDefaults` fill the fields the
+        caller left unset (``linear_share_cap=1.0`` turns a shipped cap off).
         """
         from lola.resolve import resolve_mixing
 
@@ -102,7 +131,17 @@ class FeatureMaps:
                 )
             if field not in config.model_fields_set:
                 update[field] = ours
-        return resolve_mixing(config.model_copy(update=update) if update else config, self.config.mixing)
+        merged = resolve_mixing(config.model_copy(update=update) if update else config, self.config.mixing)
+        if self.read is None or merged.mixing != "lola_authors":
+            return merged
+        read = {
+            f: getattr(self.read, f)
+            for f in ("linear_share_cap", "linear_share_cap_from")
+            if f not in config.model_fields_set and getattr(self.read, f) is not None
+        }
+        if "linear_share_cap" in config.model_fields_set:  # the caller's cap starts where the caller says
+            read.pop("linear_share_cap_from", None)
+        return merged.model_copy(update=read) if read else merged
 
 
 def model_geometry(model: torch.nn.Module) -> dict:
@@ -219,9 +258,10 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
             raise FileNotFoundError(f"feature_maps folder {str(folder)!r} describes LoRA adapters but has no {LORA_FILE}")
         lora = _load(folder / LORA_FILE)
         _check_finite(lora, folder / LORA_FILE)
+    read = _description_read(meta, meta_path)
     tensors = _load(folder / FEATURE_MAPS_FILE)
     check_tensors(tensors, geometry, folder / FEATURE_MAPS_FILE)
-    return FeatureMaps(config=config, geometry=geometry, tensors=tensors, path=str(folder), lora=lora, lora_spec=lora_spec)
+    return FeatureMaps(config=config, geometry=geometry, tensors=tensors, path=str(folder), lora=lora, lora_spec=lora_spec, read=read)
 
 
 def _unique_keys(pairs: list) -> dict:
@@ -305,6 +345,20 @@ def _description_geometry(meta: dict, path: Path) -> dict:
     if geometry["num_heads"] % geometry["num_kv_heads"]:
         raise ValueError(f"{path}: geometry.num_heads ({geometry['num_heads']}) must be a multiple of geometry.num_kv_heads ({geometry['num_kv_heads']})")
     return dict(geometry)
+
+
+def _description_read(meta: dict, path: Path) -> ReadDefaults | None:
+    """The optional ``read`` entry as a validated :class:`ReadDefaults`."""
+    from pydantic import ValidationError
+
+    from lola.config import validation_summary
+
+    if meta.get("read") is None:
+        return None
+    try:
+        return ReadDefaults.model_validate(meta["read"])
+    except ValidationError as err:
+        raise ValueError(f"{path}: read: {validation_summary(err)}") from None
 
 
 def _description_lora(meta: dict, path: Path) -> LoraSpec:

@@ -17,7 +17,7 @@ A zero denominator gives ``o = 0`` in every rule. Every rule is the convex combi
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -48,7 +48,7 @@ def mix_partials(
     l_den: torch.Tensor,
     gate: torch.Tensor,
     mixing: str,
-    share_cap: Optional[float] = None,
+    share_cap: Optional[Union[float, torch.Tensor]] = None,
 ) -> torch.Tensor:
     """Mix exact softmax partials with linear-attention partials.
 
@@ -61,7 +61,8 @@ def mix_partials(
         gate: ``[H]`` softmax weight ``w`` per head (already sigmoid-ed).
         mixing: one of :data:`MIXING_RULES`.
         share_cap: ``c ∈ (0, 1]``: the linear state's share of each output is at most ``c``
-            (``None``: no cap).
+            (``None``: no cap); or a tensor broadcastable to ``[B, H, L]``, one cap per output
+            (``1``: none).
 
     Returns:
         ``o [B, H, L, D]`` fp32.
@@ -79,7 +80,8 @@ def mix_partials(
     # Where the state's share exceeds the cap, the same two reads mixed at the cap instead (a
     # query that sees no exact token keeps the state's read: there is nothing to mix it with).
     share = linear_share(e_den, e_max, l_den, gate, mixing)
-    capped = share_cap * safe_divide(l_num.float(), l_den.float()) + (1 - share_cap) * safe_divide(e_num, e_den)
+    c = share_cap.float()[..., None] if isinstance(share_cap, torch.Tensor) else share_cap  # per output: over D too
+    capped = c * safe_divide(l_num.float(), l_den.float()) + (1 - c) * safe_divide(e_num, e_den)
     return torch.where(((share > share_cap) & (e_den > 0))[..., None], capped, out)
 
 
@@ -109,7 +111,7 @@ def mixing_weights(e_max: torch.Tensor, gate: torch.Tensor, mixing: str) -> tupl
 
 
 def linear_share(
-    e_den: torch.Tensor, e_max: torch.Tensor, l_den: torch.Tensor, gate: torch.Tensor, mixing: str, share_cap: Optional[float] = None
+    e_den: torch.Tensor, e_max: torch.Tensor, l_den: torch.Tensor, gate: torch.Tensor, mixing: str, share_cap: Optional[Union[float, torch.Tensor]] = None
 ) -> torch.Tensor:
     """The share of each output that the linear state gives (at most ``share_cap`` when given).
 
@@ -131,7 +133,9 @@ def linear_share(
     a, b = mixing_weights(e_max, gate, mixing)
     lin = b * l_den.float()
     share = safe_divide(lin[..., None], a * e_den.float() + lin)[..., 0]
-    return share if share_cap is None else torch.where(e_den > 0, share.clamp_max(share_cap), share)
+    if share_cap is None:
+        return share
+    return torch.where(e_den > 0, torch.minimum(share, torch.as_tensor(share_cap, dtype=share.dtype, device=share.device)), share)
 
 
 def softmax_over_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor, scale: float) -> torch.Tensor:

@@ -8,6 +8,7 @@ checkpoints, results, budgets, exported tasks).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,71 @@ def test_recovery_never_replaces_a_file_changed_since_the_write_was_cut(tmp_path
     with pytest.raises(ValueError, match=r"b changed since"):
         finish_pending(tmp_path)
     assert (tmp_path / "b").read_bytes() == b"the user's edit after the crash"
+
+
+_HOLD = """
+import sys, time
+from lola.outputs import folder_lock
+with folder_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+print("released", flush=True)
+"""
+
+_WRITER = """
+import sys
+from lola.outputs import write_files
+me, folder = sys.argv[1], sys.argv[2]
+for i in range(40):
+    write_files(folder, {"a.txt": f"{me} {i}", "b.txt": f"{me} {i}"})
+"""
+
+
+def _holder(folder, seconds):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_folder_another_process_is_writing_is_waited_for_then_reported_busy(tmp_path, monkeypatch):
+    proc = _holder(tmp_path, 3)
+    try:
+        monkeypatch.setattr(lola.outputs, "LOCK_WAIT", 0.3)
+        with pytest.raises(ValueError, match=r"is busy: another process has been writing into it for 0.3 s"):
+            write_files(tmp_path, {"x.txt": "mine"})
+        assert not (tmp_path / "x.txt").exists() and not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
+        monkeypatch.setattr(lola.outputs, "LOCK_WAIT", 60.0)
+        start = time.monotonic()
+        write_files(tmp_path, {"x.txt": "mine"})  # waits for the holder, then writes
+        assert (tmp_path / "x.txt").read_text() == "mine" and proc.stdout.readline().strip() == "released"
+        assert time.monotonic() - start > 0.5  # it did wait (the holder held it for 3 s from before the first try)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert set(_listing(tmp_path)) == {"x.txt"}  # the lock leaves no file behind
+
+
+def test_two_processes_writing_one_group_into_one_folder_both_finish_whole(tmp_path):
+    """Without the lock one writer's recovery would finish the other's journal mid-write and
+    groups would mix; with it every group read back is one writer's."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, me, str(tmp_path)], stderr=subprocess.PIPE, text=True) for me in ("p", "q")]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    files = _listing(tmp_path)
+    assert set(files) == {"a.txt", "b.txt"} and files["a.txt"] == files["b.txt"]
+    assert files["a.txt"].decode().endswith(" 39")
+
+
+def test_temporaries_a_killed_writer_left_are_reclaimed_by_the_next_write(tmp_path):
+    write_files(tmp_path, {"state.bin": b"old"})
+    leftover = tmp_path / f"{TEMP_PREFIX}state.bin.abc123"
+    leftover.write_bytes(b"x" * 4096)  # a killed writer's half-written copy of the state
+    write_files(tmp_path, {"state.bin": b"new"})
+    assert _listing(tmp_path) == {"state.bin": b"new"}

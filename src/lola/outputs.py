@@ -18,6 +18,13 @@ leaves the journal; the next :func:`write_files` into that folder, and every lol
 group (:func:`finish_pending`), completes the renames first, so a reader sees the whole
 previous group or the whole new one. A group read by another program (an lm-eval task) gives
 its data files names of their own content and puts the file that names them last instead.
+
+Writers into one folder take turns: a write (and the recovery of a cut one) holds an exclusive
+lock on the folder itself (``flock`` of the folder, so no lock file appears among its files),
+waiting up to :data:`LOCK_WAIT` seconds for another process's write to finish before saying
+that the folder is busy. Holding it, a writer also removes the temporary files a killed
+writer left behind (each can be a whole copy of a saved state): no other lola writer can be
+using them then.
 """
 
 from __future__ import annotations
@@ -25,12 +32,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Union
 
 __all__ = [
     "FileContent",
+    "LOCK_WAIT",
     "PENDING_FILE",
     "TEMP_PREFIX",
     "check_output_file",
@@ -38,6 +49,7 @@ __all__ = [
     "check_regular_file",
     "check_target",
     "finish_pending",
+    "folder_lock",
     "read_json",
     "read_mapping",
     "write_files",
@@ -50,6 +62,9 @@ PENDING_FILE = ".lola-pending.json"
 """The journal of a group write: ``{"renames": [[temporary name, file name, the state it replaces], …],
 "remove": [...]}``; a file whose state (inode, size, modification time) differs from the one
 recorded is someone's since, and is never replaced by recovery."""
+
+LOCK_WAIT = 60.0
+"""Seconds a write waits for another process's write into the same folder before refusing."""
 
 FileContent = Union[bytes, str, Callable[[Path], None]]
 """What :func:`write_files` writes: bytes, text (UTF-8), or a function that writes the file at
@@ -264,6 +279,74 @@ def check_target(path: Path, ours: Callable[[Path], bool] | None = None, writer:
         raise ValueError(f"{path} exists and was not written by {writer}; move it away or choose another place")
 
 
+_held = threading.local()  # folders this thread holds the lock of: {real path: count} (re-entrant)
+
+
+@contextmanager
+def folder_lock(folder: str | os.PathLike, writer: str = "lola", wait: float | None = None) -> Iterator[None]:
+    """Hold the exclusive write lock of ``folder`` (an existing folder) while the block runs.
+
+    Re-entrant within a thread. Where folders cannot be locked (no ``fcntl``, or a file system
+    that refuses ``flock``) the block runs unlocked, as before.
+
+    Raises:
+        ValueError: another process held the lock for ``wait`` seconds (default
+            :data:`LOCK_WAIT`): the folder is busy.
+    """
+    key = os.path.realpath(folder)
+    held = getattr(_held, "folders", None)
+    if held is None:
+        held = _held.folders = {}
+    if held.get(key):
+        held[key] += 1
+        try:
+            yield
+        finally:
+            held[key] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    try:
+        fd = os.open(key, os.O_RDONLY)
+    except OSError:  # pragma: no cover - a folder that cannot be opened
+        yield
+        return
+    try:
+        limit = LOCK_WAIT if wait is None else wait
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ValueError(
+                        f"{writer}: {folder} is busy: another process has been writing into it for {limit:g} s; "
+                        "try again when it has finished (or write to another folder)"
+                    ) from None
+                time.sleep(0.05)
+            except OSError:  # pragma: no cover - flock not supported here
+                break
+        held[key] = 1
+        try:
+            yield
+        finally:
+            held[key] = 0
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _reclaim_temporaries(folder: Path) -> None:
+    """Remove the temporary files a killed writer left (the lock is held: no lola writer is
+    using any; those a journal names were moved into place by :func:`finish_pending` first)."""
+    for leftover in folder.glob(f"{TEMP_PREFIX}*"):
+        if leftover.is_file() and not leftover.is_symlink():
+            leftover.unlink(missing_ok=True)
+
+
 def write_files(
     folder: str | os.PathLike,
     files: Mapping[str, FileContent],
@@ -302,36 +385,38 @@ def write_files(
     for target in targets:
         check_target(target, ours, writer)
     folder.mkdir(parents=True, exist_ok=True)
-    finish_pending(folder)  # an earlier group write cut short: complete it before this one
-    temps: list[Path] = []
-    committed = False
-    try:
-        for name, content in files.items():
-            fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=folder)
-            tmp = Path(tmp_name)
-            temps.append(tmp)
-            if callable(content):
-                os.close(fd)
-                content(tmp)
-            else:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
-            _sync(tmp)
-        for target in targets:
-            check_target(target, ours, writer)  # nothing swapped in while the files were written
-        renames = [[tmp.name, target.name, _file_state(target)] for tmp, target in zip(temps, targets)]
-        stale = [name for name in remove if name not in files]
-        group = len(renames) > 1 or bool(stale)
-        if group:  # the journal makes the group's renames all-or-nothing
-            _write_journal(folder, renames, stale)
-            committed = True  # from here on the journal completes the write, even after a kill
-            finish_pending(folder)
-        elif renames:
-            os.replace(temps[0], targets[0])
-    finally:
-        if not committed:
-            for tmp in temps:
-                tmp.unlink(missing_ok=True)
+    with folder_lock(folder, writer):
+        finish_pending(folder)  # an earlier group write cut short: complete it before this one
+        _reclaim_temporaries(folder)
+        temps: list[Path] = []
+        committed = False
+        try:
+            for name, content in files.items():
+                fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=folder)
+                tmp = Path(tmp_name)
+                temps.append(tmp)
+                if callable(content):
+                    os.close(fd)
+                    content(tmp)
+                else:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
+                _sync(tmp)
+            for target in targets:
+                check_target(target, ours, writer)  # nothing swapped in while the files were written
+            renames = [[tmp.name, target.name, _file_state(target)] for tmp, target in zip(temps, targets)]
+            stale = [name for name in remove if name not in files]
+            group = len(renames) > 1 or bool(stale)
+            if group:  # the journal makes the group's renames all-or-nothing
+                _write_journal(folder, renames, stale)
+                committed = True  # from here on the journal completes the write, even after a kill
+                finish_pending(folder)
+            elif renames:
+                os.replace(temps[0], targets[0])
+        finally:
+            if not committed:
+                for tmp in temps:
+                    tmp.unlink(missing_ok=True)
     _sync_folder(folder)
     return targets
 
@@ -372,6 +457,13 @@ def finish_pending(folder: str | os.PathLike) -> bool:
     """
     journal = Path(folder) / PENDING_FILE
     if not journal.is_file() or journal.is_symlink():
+        return False
+    with folder_lock(folder, "lola"):  # not while the writer that left it may still be renaming
+        return _finish_pending(journal)
+
+
+def _finish_pending(journal: Path) -> bool:
+    if not journal.is_file():  # finished by the writer meanwhile
         return False
     try:
         data = json.loads(journal.read_text(encoding="utf-8"))

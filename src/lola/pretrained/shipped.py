@@ -42,7 +42,7 @@ SHIPPED: dict[str, ShippedMaps] = {
         files={
             "feature_maps.safetensors": "adbe355514ede48efe7f4f29785ec6071b07995658a37a42b555c12939b6a98d",
             "lora.safetensors": "e883747fd9f4e9df2732de47553d5bf8804a6c71166145fcdee97e9eb8146afe",
-            "lola_config.json": "2a91fd1f97394cee0d098a6e01ec17930744bf1754a6b016a15abed3a9da5ea8",
+            "lola_config.json": "8f4a007bc71013b974c61f24333ae93d96c4564dab2de0cc73ae5e2abaec406d",
             "report.json": "9126db6bbfd0c46557a52cf3e3b089b72af6dabba0a4c40e37bc6c90f3491a09",
             "finetune_report.json": "00359637689d2f40af46b94042ffaf8c15975d88c74a84b2522d09f17fdde1d4",
         },

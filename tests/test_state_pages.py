@@ -229,6 +229,7 @@ def test_counts_and_positions_that_no_run_writes_are_refused(edit, seen, match):
     pages["seen"] = torch.full((SLOTS,), seen)  # a seen page is read the same way
     with pytest.raises(ValueError, match=match):
         attn.new_state().bind_pages(pages, torch.tensor([2]))
+    attn.new_state().bind_pages(pages, torch.tensor([2]), check=False)  # a server's own pages: not read back
 
 
 @settings(max_examples=200, deadline=None)

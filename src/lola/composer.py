@@ -364,14 +364,16 @@ class LoLAMemory:
         """Per-row shape and dtype of each page a bound state needs (:func:`lola.state_pages.page_layout`)."""
         return page_layout(self, num_heads, storage_heads, head_dim, feature_dim, dtype, seen)
 
-    def bind_pages(self, pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None) -> None:
+    def bind_pages(self, pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None, check: bool = True) -> None:
         """Keep this state in rows ``rows [B]`` of external buffers ``pages`` (a serving engine's
         pages): contiguous rows are written in place, others gathered here and written back by
         index after every call (:mod:`lola.state_pages`). Loading, reordering or resetting the
         state unbinds it. Pages that share memory, and rows whose content no run could have
         written (a negative ``seen``, positions outside ``[-1, seen)``), are refused
-        (:func:`lola.state_pages.check_pages_content`: one read back per bind)."""
-        bind(self, pages, rows, seen)
+        (:func:`lola.state_pages.check_pages_content`: one read back per bind); ``check=False``
+        skips that for a server binding pages only it writes, every step (the layout is
+        checked always)."""
+        bind(self, pages, rows, seen, check=check)
 
     @property
     def bound_pages(self) -> PageBinding | None:

@@ -112,7 +112,9 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             clear_rows(pages, slots[new])
         CALLS["page_binds"] += 1
         mem = self.lola.new_state()
-        mem.bind_pages(pages, slots, seen=seen.to(torch.long))
+        # The pages are this layer's own, cleared above for every new request: their content is
+        # not checked again at every step (a read back per layer and step).
+        mem.bind_pages(pages, slots, seen=seen.to(torch.long), check=False)
         return mem
 
     def _forward(self, q, k, v, out) -> None:

@@ -11,18 +11,8 @@ import torch
 import lola
 import lola.pretrained.shipped as shipped
 from lola.integrations.transformers import apply_lola, remove_lola
-from lola.linearize import LinearizeConfig, linearize, read_feature_maps
+from lola.linearize import read_feature_maps
 from lola.models import tiny_random
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("maps")
-    model, tok = tiny_random()
-    linearize(
-        model, tok, LinearizeConfig(steps=2, chunk_tokens=64, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"]), out, progress=False, log=lambda s: None
-    )
-    return out
 
 
 @pytest.fixture

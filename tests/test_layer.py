@@ -129,6 +129,7 @@ def test_window_must_buffer_a_whole_period():
         (lambda q, k, v: (q, k.double(), v), TypeError, "dtype"),
         (lambda q, k, v: (q, k, v.long()), TypeError, "floating"),
         (lambda q, k, v: (q[:, :0], k[:, :0], v[:, :0]), ValueError, "T >= 1"),
+        (lambda q, k, v: (q[:0], k[:0], v[:0]), ValueError, r"at least one row \(B >= 1\), got an empty batch"),
         (lambda q, k, v: (q.clone().index_fill_(1, torch.tensor([3]), float("nan")), k, v), ValueError, "q contains non-finite"),
         (lambda q, k, v: (q, k.clone().index_fill_(1, torch.tensor([3]), float("inf")), v), ValueError, "k contains non-finite"),
         (lambda q, k, v: ("q", k, v), TypeError, "q must be a torch.Tensor"),

@@ -254,3 +254,48 @@ def test_pages_share_memory_exactly_when_a_byte_is_shared(views):
         assert _overlap(*pages) == shared
     else:
         assert _overlap(*pages) or not shared
+
+
+def test_a_page_has_one_owner():
+    """Two live states bound to one row would overwrite each other: the second bind is refused,
+    naming the rows; once the first is released, reset or dropped, the row is free again."""
+    attn, first, pages = _bound_state()
+    first.bind_pages(pages, torch.tensor([1, 2]), seen=torch.tensor([0, 0]))
+    second = attn.new_state()
+    with pytest.raises(ValueError, match=r"pages \[2\] are bound to another state .*release that state first"):
+        second.bind_pages(pages, torch.tensor([2, 4]), seen=torch.tensor([0, 0]))
+    assert second.bound_pages is None
+    second.bind_pages(pages, torch.tensor([3, 0]), seen=torch.tensor([0, 0]))  # other rows: fine
+    first.bind_pages(pages, torch.tensor([2, 1]), seen=torch.tensor([0, 0]))  # the owner binds its rows again: fine
+    # a view of the same buffer names the same rows by their bytes
+    view = {key: t[2:] for key, t in pages.items()}
+    with pytest.raises(ValueError, match=r"pages \[0\] are bound to another state"):
+        attn.new_state().bind_pages(view, torch.tensor([0]), seen=torch.tensor([0]))
+    # another buffer of the same layout is another set of pages
+    attn.new_state().bind_pages({key: t.clone() for key, t in pages.items()}, torch.tensor([1, 2]), seen=torch.tensor([0, 0]))
+
+    first.release_pages()
+    assert first.bound_pages is None and not first.allocated
+    third = attn.new_state()
+    third.bind_pages(pages, torch.tensor([1, 2]), seen=torch.tensor([0, 0]))
+    del third  # dropped: it owns nothing
+    attn.new_state().bind_pages(pages, torch.tensor([2]), seen=torch.tensor([0]))
+    second.reset()
+    attn.new_state().bind_pages(pages, torch.tensor([3]), seen=torch.tensor([0]))
+
+
+def test_a_released_state_leaves_its_pages_current():
+    attn, state, pages = _bound_state()
+    q, k, v = (torch.randn(1, 9, n, D) for n in (H, HKV, HKV))
+    with torch.no_grad():
+        state.bind_pages(pages, torch.tensor([4]), seen=torch.tensor([0]))
+        attn(q[:, :6], k[:, :6], v[:, :6], state=state)
+        held = {key: t[4].clone() for key, t in pages.items()}
+        state.release_pages()
+        assert all(torch.equal(pages[key][4], t) for key, t in held.items())
+        # the pages continue the sequence in a state bound anew
+        again = attn.new_state()
+        again.bind_pages(pages, torch.tensor([4]), seen=torch.tensor([6]))
+        out, _ = attn(q[:, 6:], k[:, 6:], v[:, 6:], state=again)
+        expected, _ = attn(q, k, v)
+    torch.testing.assert_close(out, expected[:, 6:], rtol=1e-5, atol=1e-6)

@@ -19,6 +19,7 @@ from lola.composer import LoLAMemory
 from lola.config import LoLAConfig
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial
 from lola.layer import LoLAAttention, compose, memory_from_config
+from lola.memory.allocation import max_state_bytes, set_max_state_bytes
 
 __version__ = "0.1.0"
 
@@ -38,6 +39,8 @@ __all__ = [
     "policies",
     "schedules",
     "scorers",
+    "max_state_bytes",
+    "set_max_state_bytes",
     "apply_lola",
     "remove_lola",
     "patch",

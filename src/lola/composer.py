@@ -241,7 +241,8 @@ class LoLAMemory:
             WORKING_COPIES * need,
             device,
             f"one layer's LoLA state ({sizes} slots × {storage_heads} K/V heads × head_dim {head_dim} in {dtype}, "
-            f"a {feature_dim}×{head_dim} linear state per head, batch {batch}; with its {WORKING_COPIES - 1} working copies)",
+            f"a {feature_dim}×{head_dim} linear state per head, batch {batch}; {WORKING_COPIES}× that while a step runs)",
+            held=need,
         )
         self._pages = None
         self.slots.allocate(batch, storage_heads, head_dim, dtype, device, track)
@@ -368,12 +369,20 @@ class LoLAMemory:
         """Keep this state in rows ``rows [B]`` of external buffers ``pages`` (a serving engine's
         pages): contiguous rows are written in place, others gathered here and written back by
         index after every call (:mod:`lola.state_pages`). Loading, reordering or resetting the
-        state unbinds it. Pages that share memory, and rows whose content no run could have
+        state unbinds it. A row another live state is bound to is refused (release that state
+        first: :meth:`release_pages`). Pages that share memory, and rows whose content no run could have
         written (a negative ``seen``, positions outside ``[-1, seen)``), are refused
         (:func:`lola.state_pages.check_pages_content`: one read back per bind); ``check=False``
         skips that for a server binding pages only it writes, every step (the layout is
         checked always)."""
         bind(self, pages, rows, seen, check=check)
+
+    def release_pages(self) -> None:
+        """Give up the pages this state is bound to, so that another state may bind their rows:
+        the pages keep what it held (they are current after every call) and this state forgets
+        it, as :meth:`reset` does. Nothing happens to a state that is not bound."""
+        if self._pages is not None:
+            self.reset()
 
     @property
     def bound_pages(self) -> PageBinding | None:

@@ -210,6 +210,20 @@ class LoLAAttention(nn.Module):
         state.owner = weakref.ref(self)
         return state
 
+    def _check_parameters(self) -> None:
+        """Refuse NaN or infinite parameters (feature maps, window factors) when a sequence
+        starts: they would turn every output of the layer into NaN without an error (a diverged
+        training step, a damaged ``load_state_dict``). One host sync per layer and sequence."""
+        params = [(n, p) for n, p in self.named_parameters() if p.is_floating_point() and p.device.type != "meta"]
+        if not params:
+            return
+        finite = torch.stack([torch.isfinite(p).all() for _, p in params])
+        if not bool(finite.all()):
+            bad = [n for (n, _), ok in zip(params, finite.tolist(), strict=True) if not ok]
+            raise ValueError(
+                f"LoLA layer parameter(s) {', '.join(bad[:3])}{', …' if len(bad) > 3 else ''} hold non-finite values (NaN or inf); reload or retrain them"
+            )
+
     def storage_heads(self, state: LoLAMemory) -> int:
         """Heads the exact memories are stored for: ``H_kv`` or ``H``."""
         return self.num_kv_heads if state.storage == "kv_head" else self.num_heads
@@ -230,6 +244,7 @@ class LoLAAttention(nn.Module):
         b = q.shape[0]
         hs = self.storage_heads(state)
         if not state.allocated:
+            self._check_parameters()
             state.allocate(b, self.num_heads, hs, self.head_dim, self.feature_dim, k.dtype, k.device)
         else:
             self._check_state(state, k)
@@ -291,6 +306,8 @@ class LoLAAttention(nn.Module):
         b, t, h, d = q.shape
         if t < 1:
             raise ValueError(f"q must hold at least one token (T >= 1), got T={t}")
+        if b < 1:
+            raise ValueError(f"q must hold at least one row (B >= 1), got an empty batch of shape {tuple(q.shape)}")
         if h != self.num_heads or d != self.head_dim:
             raise ValueError(f"q must be [B, T, {self.num_heads}, {self.head_dim}], got {tuple(q.shape)}")
         expected_kv = (b, t, self.num_kv_heads, self.head_dim)

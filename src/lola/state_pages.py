@@ -15,10 +15,16 @@ buffer, the linear state ``[H, F, D]``), and binds the rows of a batch to a
 
 ``seen`` (each row's token count) is a page too when the pages have one, else the caller gives
 it to :func:`bind` (a server knows it).
+
+A page has one owner: binding a row that another live state is bound to is refused (both would
+write it). A state gives its rows up when it is released (:meth:`lola.LoLAMemory.release_pages`),
+reset, loaded, reordered, or garbage-collected.
 """
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
@@ -41,6 +47,46 @@ class PageBinding:
     pages: dict[str, torch.Tensor]
     rows: torch.Tensor
     start: int | None
+
+
+# Every state bound to pages, to find the owner of a page (weak: a dropped state owns nothing).
+_BOUND: "weakref.WeakSet[LoLAMemory]" = weakref.WeakSet()
+
+
+def _row_addresses(page: torch.Tensor, rows: torch.Tensor) -> dict[int, int]:
+    """``{first byte: row}`` of ``rows`` of ``page``: pages of one buffer name a row by its first byte."""
+    _, first, stride, _ = _row_spans(page)
+    return {first + r * stride: r for r in rows.tolist()}
+
+
+def _owner_of(memory: "LoLAMemory", page: torch.Tensor, rows: torch.Tensor) -> tuple["LoLAMemory", list[int]] | None:
+    """Another live state bound to one of ``rows`` of ``page`` (its ``slots.k``), and those rows."""
+    storage = page.untyped_storage().data_ptr()
+    wanted = None
+    for other in list(_BOUND):
+        bound = other._pages
+        if other is memory or bound is None or bound.pages["slots.k"].untyped_storage().data_ptr() != storage:
+            continue
+        wanted = _row_addresses(page, rows) if wanted is None else wanted
+        taken = _row_addresses(bound.pages["slots.k"], bound.rows).keys() & wanted.keys()
+        if taken:
+            return other, sorted(wanted[a] for a in taken)
+    return None
+
+
+def _claim(memory: "LoLAMemory", page: torch.Tensor, rows: torch.Tensor) -> None:
+    """Refuse rows another live state is bound to (a dropped state in a reference cycle is
+    collected first: it owns nothing)."""
+    clash = _owner_of(memory, page, rows)
+    if clash is not None:
+        gc.collect()
+        clash = _owner_of(memory, page, rows)
+    if clash is not None:
+        other, taken = clash
+        raise ValueError(
+            f"pages {taken[:8]}{' …' if len(taken) > 8 else ''} are bound to another state ({type(other).__name__} at {id(other):#x}): "
+            "two states writing one page would overwrite each other; release that state first (release_pages(), reset() or drop it)"
+        )
 
 
 def _require_bindable(memory: "LoLAMemory") -> None:
@@ -188,6 +234,7 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
         raise ValueError(f"rows must name each page once (two rows in one page would overwrite each other), got {rows.tolist()}")
     if "seen" not in pages and (seen is None or tuple(seen.shape) != tuple(rows.shape)):
         raise ValueError(f"seen must give each of the {rows.numel()} rows its token count (the pages hold none)")
+    _claim(memory, k, rows)
     if check:
         check_pages_content(pages, rows, pages["seen"].index_select(0, rows) if "seen" in pages else seen.to(device=k.device, dtype=torch.long))
     start = _contiguous_start(rows)
@@ -205,6 +252,7 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
     memory.seen = (take(pages["seen"]) if "seen" in pages else seen.to(device=k.device, dtype=torch.long)).clone()
     memory.num_heads = H.shape[1]
     memory._pages = PageBinding(pages, rows, start)
+    _BOUND.add(memory)
 
 
 def _live(memory: "LoLAMemory") -> dict[str, torch.Tensor]:

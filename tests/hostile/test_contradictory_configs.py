@@ -5,7 +5,9 @@ not run to a result that looks like success.
   alone: its output would be zeros), per head and per layer of a model;
 - ``full_attention_layers`` naming every layer (nothing would run LoLA);
 - ``affine=True`` with a rule other than ``lolcats`` (which alone has an affine form);
-- where the share cap starts (``linear_share_cap_from``) without a cap.
+- where the share cap starts (``linear_share_cap_from``) without a cap;
+- non-finite feature-map parameters (refused when a sequence starts: every output would be NaN)
+  and a Hedgehog floor ``eps`` that is not a finite positive number.
 """
 
 from __future__ import annotations
@@ -69,3 +71,25 @@ def test_a_share_cap_start_without_a_cap_is_refused():
     with pytest.raises(ValueError, match="share_cap_from=5 without a share_cap"):
         lola.LoLAAttention(2, 4, share_cap_from=5, **parts)
     lola.LoLAAttention(2, 4, share_cap=0.1, share_cap_from=5, **parts)  # with a cap: accepted
+
+
+@pytest.mark.parametrize("name", ["feature_map_q.mlp.layer", "feature_map_k.mlp.layer", "window_factors"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_parameters_are_refused_when_a_sequence_starts(name, value):
+    attn = lola.compose(lola.LoLAConfig(feature_map="hedgehog", feature_dim=8), num_heads=2, head_dim=4)
+    x = torch.randn(1, 6, 2, 4)
+    attn(x, x, x)  # finite: runs
+    with torch.no_grad():
+        dict(attn.named_parameters())[name].view(-1)[0] = value
+    state = attn.new_state()
+    with pytest.raises(ValueError, match=re.escape(f"LoLA layer parameter(s) {name} hold non-finite values")):
+        attn(x, x, x, state=state)
+    assert not state.allocated
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-6, float("nan"), float("inf"), "1e-6"])
+def test_a_hedgehog_floor_that_is_not_finite_and_positive_is_refused(eps):
+    from lola.feature_maps.hedgehog import HedgehogFeatureMap
+
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+        HedgehogFeatureMap(num_heads=2, head_dim=4, feature_dim=8, eps=eps)

@@ -60,8 +60,10 @@ class HedgehogFeatureMap(FeatureMap):
         f = head_dim if identity else feature_dim
         if f < 1:
             raise ValueError(f"feature_dim must be >= 1, got {feature_dim}")
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps must be a finite number > 0 (the features' floor), got {eps!r}")
         self.mlp = HedgehogMLP(num_heads, head_dim, f, identity)
-        self.eps = eps
+        self.eps = float(eps)
         self.feature_dim = 2 * f
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

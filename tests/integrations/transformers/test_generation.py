@@ -175,3 +175,24 @@ def test_generate_refuses_to_run_past_the_models_positions():
     with torch.no_grad():
         out = model.generate(ids[:, :36], max_new_tokens=5, do_sample=False)
     assert out.shape[1] == 41
+
+
+@pytest.mark.parametrize(
+    "ids, error, match",
+    [
+        (torch.zeros(0, 5, dtype=torch.long), ValueError, r"input_ids must hold at least one sequence, got an empty batch of shape \(0, 5\)"),
+        (torch.zeros(1, 5), TypeError, "input_ids must be an integer tensor of token ids, got torch.float32"),
+        (torch.tensor([[1, 2, 101, 3]]), ValueError, r"token id 101, outside the model's vocabulary \[0, 101\)"),
+        (torch.tensor([[1, -1, 3]]), ValueError, r"token id -1, outside the model's vocabulary"),
+    ],
+    ids=["empty batch", "float ids", "past the vocabulary", "negative"],
+)
+def test_input_ids_a_model_cannot_embed_are_refused_by_name(ids, error, match):
+    model = apply_lola(tiny("llama"), SMALL)
+    assert model.get_input_embeddings().num_embeddings == 101
+    with pytest.raises(error, match=match):
+        model.generate(ids, max_new_tokens=2, do_sample=False)
+    with pytest.raises(error, match=match), torch.no_grad():
+        model(ids)
+    with torch.no_grad():
+        model(torch.tensor([[0, 100, 7]]))  # the vocabulary's ends are fine

@@ -137,7 +137,7 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         if md.num_prefills:
             prefilling = slots[nd : nd + md.num_prefills]
             if self._live is not None and bool(torch.isin(prefilling, self._live[0]).any()):
-                self._live = None  # a live slot was given to a new request
+                self._release_live()  # a live slot was given to a new request
             self._prefill(q, k, v, out, qsl[nd : nd + md.num_prefills + 1], seen[nd:], slots[nd:])
 
     def _decode_state(self, slots: torch.Tensor, seen: torch.Tensor):
@@ -147,7 +147,14 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         if live is not None and torch.equal(live[0], slots) and torch.equal(live[1], seen):
             CALLS["live_steps"] += 1
             return live[2]
+        self._release_live()  # its pages are current; their rows may be bound anew now
         return self._bind(slots, seen)
+
+    def _release_live(self) -> None:
+        """Give up the state kept bound between steps (a page has one owner at a time)."""
+        if self._live is not None:
+            self._live[2].release_pages()
+            self._live = None
 
     def _prefill(self, q, k, v, out, bounds, seen, slots) -> None:
         """The prefilling sequences, those of one length at one position in one call each: their
@@ -168,6 +175,7 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             index = torch.tensor(rows, device=slots.device)
             mem = self._bind(slots.index_select(0, index), seen.index_select(0, index))
             o, mem = self.lola(take(q, H), take(k, Hk), take(v, Hk), state=mem)
+            mem.release_pages()  # the pages hold its state; the next step binds them anew
             for i, r in enumerate(rows):
                 out[spans[r][0] : spans[r][1]] = o[i].reshape(length, H * D)
 

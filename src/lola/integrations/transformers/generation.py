@@ -11,7 +11,7 @@ positions from it. :func:`remove_lola` takes the shadows away.
 
 Every forward, with a cache or without, first runs
 :func:`~lola.integrations.transformers.applied.check_attention_implementation` and
-:func:`check_attention_mask` (a forward pre-hook, :func:`install_forward_check`): a model switched to another attention implementation
+:func:`check_attention_mask` and :func:`check_input_ids` (a forward pre-hook, :func:`install_forward_check`): a model switched to another attention implementation
 after ``apply_lola`` is refused instead of running stock attention. A switch made on purpose
 (stage 2 of ``lola linearize`` runs its teacher passes on the stock attention) goes through
 :func:`~lola.integrations.transformers.applied.attention_switched`.
@@ -28,6 +28,7 @@ __all__ = [
     "check_attention_mask",
     "check_cache",
     "check_generation_length",
+    "check_input_ids",
     "install_forward_check",
     "install_generation_hook",
     "remove_forward_check",
@@ -125,11 +126,32 @@ def check_attention_mask(input_ids: Any, attention_mask: Any, cache: Any) -> Non
         )
 
 
+def check_input_ids(input_ids: Any, vocab_size: Any) -> None:
+    """Refuse an empty batch, ids that are not integers, and (for a prompt of more than one
+    token: one read back, not one per decoded token) ids outside ``[0, vocab_size)``, which the
+    embedding would meet as an index error (on CUDA a device-side assert that ends the process's
+    use of the device)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        return
+    if input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must hold at least one sequence, got an empty batch of shape {tuple(input_ids.shape)}")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be an integer tensor of token ids, got {input_ids.dtype}")
+    if input_ids.shape[1] > 1 and input_ids.numel() and type(vocab_size) is int and vocab_size > 0:
+        low, high = (int(x) for x in torch.stack([input_ids.min(), input_ids.max()]).tolist())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"input_ids hold token id {bad}, outside the model's vocabulary [0, {vocab_size}): ids from another tokenizer?")
+
+
 def _check_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     from lola.integrations.transformers.applied import check_attention_implementation
 
     check_attention_implementation(model)  # attribute reads: nothing waits for the device
     ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is not None:
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        check_input_ids(ids, getattr(embedding, "num_embeddings", None))
     if ids is None:
         ids = kwargs.get("inputs_embeds")
     cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)

@@ -60,6 +60,7 @@ NIAH_FIELDS = (
     "linear_decay",
     "linear_share_cap",
     "linear_share_cap_from",
+    "fold_repeats",
     "feature_maps",
     "max_new_tokens",
     "seed",

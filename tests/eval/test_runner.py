@@ -255,7 +255,15 @@ def test_the_default_run_is_the_papers_experiment_on_the_shipped_linearized_mode
     assert free.lengths == [1024, 2048]
     assert NiahRun(model="tiny-random-llama").policies == ["sre"] and NiahRun(model="tiny-random-llama").feature_maps is None
     assert NiahRun(policies=["sre"]).policies == ["sre"]
+    # each policy with its repeats folded (fold_repeats 0.95, the 8K measurement), named by the policy
+    assert run.fold_repeats == 0.95 and free.fold_repeats == 0.0
     cfg = method_configs(NiahRun(methods=["lola"]))["lola-learned"]
+    assert cfg.policy == "distinct"
+    assert cfg.policy_kwargs == {"policy": "learned", "policy_kwargs": {"scorer": "smollm2-135m-instruct"}, "threshold": 0.95}
+    assert method_configs(NiahRun(methods=["lola"]))["lola-sre"].policy_kwargs == {"policy": "sre", "policy_kwargs": {}, "threshold": 0.95}
+    # off: the policy itself; the training-free run's policy is its own
+    cfg = method_configs(NiahRun(methods=["lola"], fold_repeats=0))["lola-learned"]
     assert cfg.policy == "learned" and cfg.policy_kwargs == {"scorer": "smollm2-135m-instruct"}
+    assert method_configs(NiahRun(methods=["lola"], feature_maps="none"))["lola-learned"].policy == "learned"
     for saved in (run, free):  # a saved run reads back as it ran
         assert NiahRun.model_validate(saved.model_dump()) == saved

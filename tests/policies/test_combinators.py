@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 import lola
 from lola.memory import KVBlock
 from lola.policies import Distinct, Fusion, KeyNorm, Recency, SpanPooling, ValueWeighted, zscore
-from lola.policies.combinators import repeats
+from lola.policies.combinators import repeats, repeats_reference
 from tests.policies.test_builtin import ctx_for
 
 
@@ -113,7 +113,7 @@ def repeats_by_loops(v, scores, pos, valid, threshold):
     n=st.integers(2, 9),
     h=st.integers(1, 2),
     copies=st.integers(0, 4),
-    threshold=st.sampled_from([0.5, 0.9, 0.99, 1.0]),
+    threshold=st.sampled_from([1e-6, 0.5, 0.9, 0.99, 1.0]),
     tie=st.booleans(),
     seed=st.integers(0, 2**16),
 )
@@ -130,12 +130,37 @@ def test_repeats_match_the_pairwise_definition(n, h, copies, threshold, tie, see
     got = repeats(v, scores, pos, valid, threshold)
     want = repeats_by_loops(v, scores, pos, valid, threshold)
     assert torch.equal(got, want)
+    assert torch.equal(repeats_reference(v, scores, pos, valid, threshold), want)
     for c in range(min(copies, n - 1)):
         if valid[0, 0, 0] and valid[0, 0, c + 1]:
             # of two exact copies exactly the lower-ranked one is a repeat
             a, b = (float(scores[0, 0, 0]), int(pos[0, 0, 0])), (float(scores[0, 0, c + 1]), -int(pos[0, 0, c + 1]))
             second = c + 1 if (a[0], -a[1]) > b else 0
             assert bool(got[0, 0, second])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    copies=st.integers(0, 200),
+    empty=st.integers(0, 50),
+    tie=st.booleans(),
+    threshold=st.sampled_from([0.8, 0.95]),
+    seed=st.integers(0, 2**16),
+)
+def test_repeats_equal_the_pairwise_masks_at_a_cache_s_size(n, copies, empty, tie, threshold, seed):
+    """Property: at the sizes of a real update (hundreds of candidates, many near-copies, empty
+    slots, tied scores) the rank-sorted computation flags exactly what every pair compared does."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(2, 3, n, 16, generator=g)
+    source = torch.randint(0, n, (min(copies, n),), generator=g)
+    target = torch.randint(0, n, (min(copies, n),), generator=g)
+    v[:, :, target] = v[:, :, source] * 2 + 0.05 * torch.randn(2, 3, source.numel(), 16, generator=g)  # near-copies
+    scores = torch.randint(0, 4, (2, 3, n), generator=g).float() if tie else torch.randn(2, 3, n, generator=g)
+    pos = torch.stack([torch.randperm(n, generator=g) for _ in range(6)]).view(2, 3, n)
+    pos[..., : min(empty, n)] = -1  # empty slots (invalid, several at one position)
+    valid = pos >= 0
+    assert torch.equal(repeats(v, scores, pos, valid, threshold), repeats_reference(v, scores, pos, valid, threshold))
 
 
 @settings(max_examples=60)

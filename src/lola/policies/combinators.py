@@ -195,14 +195,40 @@ def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: tor
     similarity ``>= threshold`` with its own. ``O(N²)`` per head, for the few hundred to
     few thousand candidates of one update.
 
+    The candidates are sorted by rank first, so "ranked above" is "earlier in the order": the
+    similarities of each candidate with those before it are the strict lower triangle of one
+    ``[N, N]`` product, and a row's largest entry tells whether it repeats one (no ``[N, N]``
+    rank comparison or boolean reduction: at 8K those took most of a layer's step).
+
     Args:
         v: ``[B, Hs, N, D]`` values.
         scores: ``[B, Hs, N]`` the inner ranking.
         pos: ``[B, Hs, N]`` positions (ties).
         valid: ``[B, Hs, N]`` real candidates.
     """
-    unit = torch.nn.functional.normalize(v.float(), dim=-1)
     # Within float32's rounding of the threshold counts as reaching it (threshold 1 = same direction).
+    cut = threshold - 1e-5
+    if scores.shape[-1] == 0:
+        return torch.zeros_like(valid)
+    # Rank order: by position, then (stably) by score, highest first.
+    order = torch.sort(pos, dim=-1, stable=True).indices
+    order = order.gather(-1, torch.sort(scores.gather(-1, order), dim=-1, descending=True, stable=True).indices)
+    unit = torch.nn.functional.normalize(v.float(), dim=-1).gather(-2, order[..., None].expand(*order.shape, v.shape[-1]))
+    ranked_valid = valid.gather(-1, order)
+    if cut > 0:
+        # An invalid candidate is a zero vector as the one repeated, and what is not above is
+        # zeroed: both stay below a positive cut.
+        best = (unit @ (unit * ranked_valid[..., None]).transpose(-1, -2)).tril_(-1).amax(dim=-1)
+    else:
+        sim = unit @ unit.transpose(-1, -2)
+        above = torch.ones(sim.shape[-1], sim.shape[-1], dtype=torch.bool, device=sim.device).tril_(-1)
+        best = sim.masked_fill_(~(above & ranked_valid[..., None, :]), -2.0).amax(dim=-1)
+    return torch.zeros_like(valid).scatter_(-1, order, best >= cut)
+
+
+def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
+    """:func:`repeats` as its definition reads, every pair compared (``[B, Hs, N, N]`` masks)."""
+    unit = torch.nn.functional.normalize(v.float(), dim=-1)
     similar = unit @ unit.transpose(-1, -2) >= threshold - 1e-5  # [B, Hs, N(i), N(j)]
     si, sj = scores[..., :, None], scores[..., None, :]
     above = (sj > si) | ((sj == si) & (pos[..., None, :] < pos[..., :, None]))

@@ -36,6 +36,37 @@ def _check_int(option: str, value: Any, minimum: int, maximum: int = MAX_TOKENS)
     return value
 
 
+# Options that name a file, a folder, a model or a corpus: an empty value would be read as the
+# current folder (``Path("")``) or skipped as "not given" (a default silently used instead).
+PATH_OPTIONS = ("out", "config", "haystack_file", "feature_maps", "budgets", "text", "model")
+
+
+def _refuse_empty_paths(args: argparse.Namespace) -> None:
+    """Refuse an empty value of any of :data:`PATH_OPTIONS`, naming the option."""
+    for dest in PATH_OPTIONS:
+        value = getattr(args, dest, None)
+        if any(isinstance(v, str) and not v.strip() for v in (value if isinstance(value, list) else [value])):
+            raise ValueError(f"{option_name(dest)} is empty: give a name or a path")
+
+
+def _check_text_sources(sources: Any, option: str = "--text") -> None:
+    """Read every text source that is a path now, before a model loads: a missing, empty or
+    binary file, or a folder without text, is refused naming ``option`` (registered corpora are
+    fetched later, by name)."""
+    from lola.corpora import CORPORA
+    from lola.data import load_documents
+
+    if sources is None:
+        return
+    for source in [sources] if isinstance(sources, (str, Path)) else sources:
+        if str(source) in CORPORA:
+            continue
+        if not Path(source).expanduser().exists():
+            raise ValueError(f"{option} {str(source)!r} is neither a file, a folder, nor a registered corpus ({', '.join(sorted(CORPORA))})")
+        with about(option):
+            load_documents(str(source))
+
+
 def _demo(args: argparse.Namespace) -> int:
     from lola.demo import check_demo_args, format_table, run_demo
 
@@ -165,6 +196,9 @@ def _probe(args: argparse.Namespace) -> int:
     options.update(given_fields(args, NIAH_FIELDS))
     run = NiahRun(**options)
     out = args.out or f"results/probe-{run.task}"
+    from lola.outputs import check_output_folder
+
+    check_output_folder(out)  # a file or an unwritable place: refused before loading
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
@@ -187,13 +221,17 @@ def _sweep(args: argparse.Namespace) -> int:
     from lola.spec_options import given_fields
 
     sweep = BudgetSweep(**given_fields(args, list(BudgetSweep.model_fields)))
+    batch_size = _check_int("--batch-size", 1 if args.batch_size is None else args.batch_size, 1)
+    out = args.out or "results/sweep"
+    from lola.outputs import check_output_folder
+
+    check_output_folder(out)  # before loading, as every command's sizes and places
     from lola import models
 
     with about("--model"):
         model, tok = models.load(sweep.model)
-    out = args.out or "results/sweep"
     args.interrupted_hint = "finished samples are kept in each point's folder; run the same command again to resume"
-    rows = run_sweep(sweep, model, tok, out, batch_size=_check_int("--batch-size", 1 if args.batch_size is None else args.batch_size, 1))
+    rows = run_sweep(sweep, model, tok, out, batch_size=batch_size)
     print("\npass-key accuracy against exact tokens per K/V head (95% Wilson intervals)\n")
     print(format_sweep(rows))
     print(f"\nresults: {out}/{SWEEP_FILE}, sweep-*.png, and a lola niah folder per point")
@@ -255,6 +293,7 @@ def _linearize(args: argparse.Namespace) -> int:
     except ValidationError as err:  # stage 2's fields by their options: its `lr` is --lora-lr
         raise ValueError(describe_validation(err, lambda f: option_name(stage2_dests.get(f, f)))) from None
     out = Path(args.out)
+    _check_text_sources((cfg1 or cfg2).text)
     _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
         from lola.pretrained.folder import CONFIG_FILE, read_feature_maps
@@ -322,6 +361,7 @@ def _perplexity(args: argparse.Namespace) -> int:
     from lola.spec_options import given_fields
 
     run = PerplexityRun(**given_fields(args, PERPLEXITY_FIELDS))
+    _check_text_sources(run.text)
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
@@ -392,11 +432,13 @@ def _fit_scorer(args: argparse.Namespace) -> int:
     from lola.scorers import is_scorer_file
 
     out = check_output_file(args.out, ours=is_scorer_file, writer="lola fit-scorer")
-    from lola.corpora import CORPORA
+    _check_text_sources(spec.text)  # before the model loads
+    positions = models.max_positions(spec.model)
+    if positions and spec.positions() > positions:
+        raise ValueError(f"--length {spec.length} needs {spec.positions()} positions ({spec.target} target), but --model {spec.model} holds {positions}")
+    from lola.scorers.fit import check_resume
 
-    for source in spec.text:  # before the model loads
-        if source not in CORPORA and not Path(source).expanduser().exists():
-            raise ValueError(f"--text {source!r} is neither a file, a folder, nor a registered corpus ({', '.join(sorted(CORPORA))})")
+    check_resume(out, spec)  # a damaged checkpoint, or one of other options or text
     maps = None
     if spec.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
@@ -600,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _refuse_empty_paths(args)
         return args.func(args)
     except KeyboardInterrupt:
         if _debug(args):

@@ -123,6 +123,20 @@ class LoLAMemory:
             (linear, LinearMemory, "linear"),
         ):
             check_role(part, role, argument)
+        # The policy and schedule are duck-typed roles too: checked here, not at the first step.
+        if not callable(getattr(policy, "score", None)):
+            raise TypeError(
+                f"policy must implement lola.policies.ScoringPolicy (a score(candidates, ctx) method): got {type(policy).__name__} "
+                "(build one by name with lola.policies.build)"
+            )
+        period = getattr(schedule, "period", None)
+        if not callable(getattr(schedule, "tokens_until_step", None)) or isinstance(period, bool) or not isinstance(period, int):
+            raise TypeError(
+                f"schedule must implement lola.schedules.UpdateSchedule (an int period and tokens_until_step(seen)): got {type(schedule).__name__} "
+                "(build one by name with lola.schedules.build)"
+            )
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
+            raise TypeError(f"layer must be an int >= 0 or None, got {layer!r}")
         if window.max_pending < schedule.period:
             raise ValueError(
                 f"window.max_pending ({window.max_pending}) must be >= schedule.period ({schedule.period}): "
@@ -276,6 +290,8 @@ class LoLAMemory:
         Raises:
             ValueError: naming the tensor and what is wrong.
         """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping of names to tensors (LoLAMemory.state_dict's), got a {type(state).__name__}")
         if "seen" not in state:
             raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
         if check:
@@ -337,8 +353,27 @@ class LoLAMemory:
         """Keep rows ``index [B']`` (int64, repeats allowed) of every state tensor, in that order:
         beam reordering, dropping finished sequences, or growing a batch."""
         self._require_allocated()
-        index = index.to(self._seen.device)
+        index = self._check_index(index, self.batch_size, "index", repeats=True)
         self.load_state_dict({k: t.index_select(0, index) for k, t in self.state_dict().items()}, check=False)
+
+    def _check_index(self, index: object, rows: int, name: str, repeats: bool) -> torch.Tensor:
+        """``index`` as a 1-D int64 tensor of rows in ``[0, rows)`` on the state's device, else an
+        error naming ``name`` (:func:`lola.core.checks.require`: no wait on an accelerator)."""
+        if not isinstance(index, torch.Tensor):
+            raise TypeError(f"{name} must be a 1-D int64 tensor of rows, got a {type(index).__name__}")
+        if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+            raise TypeError(f"{name} must be a tensor of int rows, got {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D tensor of rows, got shape {tuple(index.shape)}")
+        from lola.core.checks import require
+
+        index = index.to(device=self._seen.device, dtype=torch.long)
+        # (beam search reorders every layer at every step: on an accelerator this is an asynchronous assert)
+        if index.numel() and not require((index.amin() >= 0) & (index.amax() < rows), f"{name} must hold rows in [0, {rows})"):
+            raise ValueError(f"{name} must hold rows in [0, {rows}) (the state's batch), got {index.tolist()[:8]}")
+        if not repeats and index.unique().numel() != index.numel():
+            raise ValueError(f"{name} must name each row once (two rows written to one would overwrite each other), got {index.tolist()[:8]}")
+        return index
 
     def write_rows(self, index: torch.Tensor, other: "LoLAMemory") -> None:
         """Copy every row of ``other`` into rows ``index [B_other]`` of this state.
@@ -349,11 +384,15 @@ class LoLAMemory:
         each sequence alone).
         """
         self._require_allocated()
+        if not isinstance(other, LoLAMemory):
+            raise TypeError(f"other must be a LoLAMemory, got a {type(other).__name__}")
+        if not other.allocated:
+            raise ValueError("other is not allocated: it holds no rows to write (run it on a sequence first)")
         theirs = other.state_dict()
         ours = self.state_dict()
         if theirs.keys() != ours.keys() or other.spec() != self.spec():
             raise ValueError(f"other was built for another configuration: {other.spec()} vs {self.spec()}")
-        index = index.to(self._seen.device)
+        index = self._check_index(index, self.batch_size, "index", repeats=False)
         if index.shape != (other.batch_size,):
             raise ValueError(f"index must give one row per row of other ({other.batch_size}), got shape {tuple(index.shape)}")
         self.load_state_dict({k: t.index_copy(0, index, theirs[k].to(t.device)) for k, t in ours.items()}, check=False)
@@ -781,6 +820,8 @@ class LoLAMemory:
             raise TypeError(
                 f"policy {describe(self.policy)} returned a {type(scores).__name__} from score(), expected a tensor [B, Hs, N] = {tuple(candidates.pos.shape)}"
             )
+        if scores.is_complex() or scores.dtype == torch.bool:
+            raise TypeError(f"policy {describe(self.policy)} returned {scores.dtype} scores from score(), expected real numbers (higher = keep exact)")
         if scores.shape != candidates.pos.shape:
             raise ValueError(f"policy {describe(self.policy)} returned scores of shape {tuple(scores.shape)}, expected {tuple(candidates.pos.shape)}")
         if scores.device != candidates.pos.device:

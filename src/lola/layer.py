@@ -382,25 +382,30 @@ class LoLAAttention(nn.Module):
         )
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    """``value`` must be an int (not a bool) ``>= minimum``; the error names ``name``."""
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    """``value`` must be an int (not a bool) in ``[minimum, maximum]``; the error names ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
 
 
 def check_geometry(num_heads: object, head_dim: object, num_kv_heads: object = None, layer: object = None) -> None:
-    """Refuse a layer geometry that is not positive ints with ``num_heads % num_kv_heads == 0``.
+    """Refuse a layer geometry that is not positive ints (at most :data:`~lola.limits.MAX_HEADS`
+    heads of :data:`~lola.limits.MAX_HEAD_DIM` dimensions) with ``num_heads % num_kv_heads == 0``.
 
     Raises:
         TypeError: an argument is not an int (a bool or a float such as ``2.5`` is not one).
         ValueError: an argument is out of range, or ``num_heads`` is no multiple of ``num_kv_heads``.
     """
-    _check_int("num_heads", num_heads, 1)
-    _check_int("head_dim", head_dim, 1)
+    from lola.limits import MAX_HEAD_DIM, MAX_HEADS
+
+    _check_int("num_heads", num_heads, 1, MAX_HEADS)
+    _check_int("head_dim", head_dim, 1, MAX_HEAD_DIM)
     if num_kv_heads is not None:
-        _check_int("num_kv_heads", num_kv_heads, 1)
+        _check_int("num_kv_heads", num_kv_heads, 1, MAX_HEADS)
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if layer is not None:

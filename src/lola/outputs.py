@@ -95,7 +95,9 @@ def check_output_folder(path: str | os.PathLike, option: str = "--out") -> Path:
     """Refuse an output folder that is a file, lies under a file, or cannot be written to.
 
     Nothing is created: the folder's nearest existing ancestor is only probed with an empty
-    folder that is removed at once.
+    folder that is removed at once. A write into the folder that a kill cut short is completed
+    first (:func:`finish_pending`), so that a journal lola cannot finish is refused now, not
+    when the command writes its results.
 
     Args:
         path: the folder a command will write to.
@@ -104,13 +106,22 @@ def check_output_folder(path: str | os.PathLike, option: str = "--out") -> Path:
     Raises:
         ValueError: naming ``option``, the path and what is wrong.
     """
+    _check_not_empty(path, option)
     target = Path(path)
     existing = _nearest_existing(target)
     if not existing.is_dir():
         where = "is a file" if existing == target else f"lies under {existing}, which is a file"
         raise ValueError(f"{option} {target} {where}, not a folder")
     _probe_writable(existing, option, target)
+    if existing == target:
+        finish_pending(target)
     return target
+
+
+def _check_not_empty(path: object, option: str) -> None:
+    """Refuse an empty path: ``Path("")`` is the current folder, which nobody meant."""
+    if isinstance(path, str) and not path.strip():
+        raise ValueError(f"{option} is empty: give a path")
 
 
 def check_output_file(path: str | os.PathLike, option: str = "--out", ours: Any = None, writer: str = "lola") -> Path:
@@ -126,6 +137,7 @@ def check_output_file(path: str | os.PathLike, option: str = "--out", ours: Any 
     Raises:
         ValueError: naming ``option``, the path and what is wrong.
     """
+    _check_not_empty(path, option)
     target = Path(path)
     if target.is_symlink():
         raise ValueError(f"{option} {target} is a symbolic link; {writer} does not write through links (remove it or choose another {option})")
@@ -172,6 +184,7 @@ def read_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
         FileNotFoundError: no such file. ValueError: anything else wrong, naming ``what`` and
         the file, with the line where the parser stopped.
     """
+    _check_not_empty(path, what)
     if not Path(path).exists():
         raise FileNotFoundError(f"{what} {path}: No such file or directory")
     path = check_regular_file(path, f"{what}: a JSON or YAML file")

@@ -35,6 +35,8 @@ class Registry(Generic[F]):
         """Register ``factory`` under ``name`` (without ``factory``: a decorator)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
+        if not isinstance(overwrite, bool):  # overwrite="no" would be truthy: a registration replaced by mistake
+            raise TypeError(f"overwrite must be True or False, got {overwrite!r} ({type(overwrite).__name__})")
 
         def _do(f: F) -> F:
             self._check(name, f)

@@ -227,6 +227,8 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
             raise ValueError(
                 f"pages[{key!r}] must be [{k.shape[0]}, {', '.join(map(str, shape))}] {dtype} on {k.device}, got {list(page.shape)} {page.dtype} on {page.device}"
             )
+    if not isinstance(rows, torch.Tensor) or rows.is_floating_point() or rows.is_complex() or rows.dtype == torch.bool:
+        raise TypeError(f"rows must be a 1-D tensor of int pages, got {rows.dtype if isinstance(rows, torch.Tensor) else type(rows).__name__}")
     rows = rows.to(device=k.device, dtype=torch.long)
     if rows.dim() != 1 or (rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= k.shape[0])):
         raise ValueError(f"rows must be a 1-D tensor of pages in [0, {k.shape[0]}), got {rows.tolist()}")

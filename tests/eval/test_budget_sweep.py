@@ -21,7 +21,9 @@ def test_a_point_gives_every_method_the_same_exact_tokens():
     # On trained maps LoLA's rule is left for the maps to decide (the paper's); its exact tokens alone are softmax_only.
     trained = method_configs(point_run(BudgetSweep(), "noise", 2048, "1/8"))
     assert "mixing" not in trained["lola-learned"].model_fields_set and trained["lola-exact"].mixing == "softmax_only"
-    assert trained["lola-exact"].policy == "learned" and trained["lola-exact"].policy_kwargs == trained["lola-learned"].policy_kwargs
+    assert trained["lola-exact"].policy == trained["lola-learned"].policy == "distinct"  # repeats folded on trained maps
+    assert trained["lola-exact"].policy_kwargs == trained["lola-learned"].policy_kwargs
+    assert trained["lola-exact"].policy_kwargs["policy"] == "learned"
     paper = point_run(SWEEP, "noise", 8192, "paper")
     assert {k: getattr(paper, k) for k in PAPER_FOOTPRINT} == PAPER_FOOTPRINT
 

@@ -226,6 +226,8 @@ def load(name_or_path: str | Path) -> HeadBudgets:
 
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"budgets must be a shipped name or a path, got {name_or_path!r} ({type(name_or_path).__name__})")
+    if not str(name_or_path).strip():  # Path("") is the current folder, which nobody meant
+        raise ValueError(f"budgets is empty: give a shipped name ({', '.join(available()) or 'none'}) or a JSON file from `lola calibrate`")
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         if not path.exists():

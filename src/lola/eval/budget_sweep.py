@@ -94,11 +94,12 @@ def _sizes(sweep: BudgetSweep, length: int, budget: str) -> dict[str, int]:
 
 def point_run(sweep: BudgetSweep, haystack: str, length: int, budget: str, prose_file: str | None = None) -> Any:
     """The :class:`~lola.eval.niah_spec.NiahRun` of one point (``prose_file``: the prose haystack)."""
-    from lola.eval.niah_spec import NiahRun
+    from lola.eval.niah_spec import NiahRun, policy_fields
 
     base = NiahRun(model=sweep.model, feature_maps=sweep.feature_maps, methods=["lola"], policies=None if sweep.policy is None else [sweep.policy])
     policy = base.policies[-1]  # the learned scorer where one ships (sre otherwise, or the sweep's)
-    exact = {"mixing": "softmax_only", "policy": policy, "budgets": "auto"}
+    # the lola method's scoring exactly (repeats folded where the run folds them), read alone
+    exact = {"mixing": "softmax_only", **policy_fields(policy, base), "budgets": "auto"}
     return NiahRun(
         model=sweep.model,
         feature_maps=base.feature_maps,

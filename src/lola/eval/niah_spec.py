@@ -242,9 +242,15 @@ def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
     """The ``lola`` method as ``lola niah`` runs it by default for ``model``: :class:`NiahRun`'s
     window, sparse cache, sinks and chunk, the model's shipped budgets if it has any
     (``budgets="auto"``); with ``trained_maps`` (``--feature-maps``) the rule is left for
-    :mod:`lola.resolve` (the paper's), without them it is ``softmax_only``."""
+    :mod:`lola.resolve` (the paper's) and repeats are folded (``fold_repeats``), without them it
+    is ``softmax_only``. Its policy is SRE."""
     d = {name: field.default for name, field in NiahRun.model_fields.items()}
-    cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
+    sizes = dict(window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
+    if trained_maps:
+        fold = {"policy": "sre", "policy_kwargs": {}, "threshold": FOLD_REPEATS}
+        cfg = method_config("lola", policy="distinct", **sizes, overrides={"policy_kwargs": fold})
+    else:
+        cfg = method_config("lola", **sizes)
     return resolve_config(cfg, model=model, budgets=d["budgets"])
 
 
@@ -322,6 +328,16 @@ def _policy_defaults(policy: str, run: NiahRun) -> dict[str, Any]:
     return {"policy_kwargs": {"scorer": default_scorer(run.model, run.feature_maps)}}
 
 
+def policy_fields(policy: str, run: NiahRun) -> dict[str, Any]:
+    """``{"policy", "policy_kwargs"}`` of the lola method scored by ``policy`` in ``run``: its
+    options from the run (the learned scorer's model), wrapped in ``distinct`` when the run
+    folds repeats (``fold_repeats``)."""
+    kwargs = _policy_defaults(policy, run).get("policy_kwargs", {})
+    if run.fold_repeats:  # the policy, its repeated values ranked last (lola.policies.Distinct)
+        return {"policy": "distinct", "policy_kwargs": {"policy": policy, "policy_kwargs": kwargs, "threshold": run.fold_repeats}}
+    return {"policy": policy, "policy_kwargs": kwargs}
+
+
 def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods, built by
     :func:`lola.methods.method_config`; ``lola`` is run once per policy (``lola-<policy>``) and
@@ -339,12 +355,9 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             out[method] = method_config(method, **settings, overrides=common)
             continue
         for policy in run.policies:
-            name, scoring = policy, _policy_defaults(policy, run)
-            if run.fold_repeats:  # the policy, its repeated values ranked last (lola.policies.Distinct)
-                inner = {"policy": policy, "policy_kwargs": scoring.get("policy_kwargs", {}), "threshold": run.fold_repeats}
-                name, scoring = "distinct", {"policy_kwargs": inner}
-            overrides = {**common, **decay, **scoring}
-            cfg = method_config("lola", policy=name, **settings, overrides=overrides)
+            fields = policy_fields(policy, run)
+            overrides = {**common, **decay, "policy_kwargs": fields["policy_kwargs"]}
+            cfg = method_config("lola", policy=fields["policy"], **settings, overrides=overrides)
             out[f"lola-{policy}"] = resolve_config(cfg, model=run.model, budgets=run.budgets)
         for name, fields in run.variants.items():
             fields = dict(fields)

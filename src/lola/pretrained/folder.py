@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,7 +235,13 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
     """
     from lola.pretrained.shipped import resolve_feature_maps
 
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"feature_maps must be a folder or a shipped name, got {folder!r} ({type(folder).__name__})")
+    if not str(folder).strip():  # Path("") is the current folder, which nobody meant
+        raise ValueError("feature_maps is empty: give a `lola linearize` folder or a shipped name")
     folder = resolve_feature_maps(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"feature_maps {str(folder)!r} is a file, not a folder: give the --out folder of a `lola linearize` run")
     if not folder.is_dir():
         from lola.pretrained.shipped import SHIPPED
 

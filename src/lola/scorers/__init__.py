@@ -224,6 +224,8 @@ def load(name_or_path: str | os.PathLike) -> TokenScorer:
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"scorer must be a shipped name or a path, got {name_or_path!r} ({type(name_or_path).__name__})")
     name = str(name_or_path)
+    if not name.strip():  # Path("") is the current folder, which nobody meant
+        raise ValueError(f"scorer is empty: give a shipped name ({', '.join(available()) or 'none'}) or a `lola fit-scorer` file")
     if name in SHIPPED and not Path(name).exists():
         key: tuple = ("shipped", name)
         if key not in _LOADED:

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from lola.limits import MAX_TOKENS
 from lola.scorers import TokenScorer, token_features
@@ -44,6 +45,7 @@ __all__ = [
     "recording",
     "solve_ridge",
     "text_chunks",
+    "check_resume",
 ]
 
 #: The corpora a scorer is fitted on by default: every registered book corpus except ``pydoc``,
@@ -87,6 +89,22 @@ class FitSpec(BaseModel):
         if self.target == "future":
             return SKIP_FIRST, self.length - self.min_distance - self.min_future + 1
         return SKIP_FIRST, self.length
+
+    def positions(self) -> int:
+        """Positions the model must hold: a chunk, or for ``kvzip`` a chunk, the request and the chunk again."""
+        return self.length if self.target == "future" else 2 * self.length + 16
+
+    @model_validator(mode="after")
+    def _leaves_keys_to_fit(self) -> "FitSpec":
+        # Checked with the options (before a model loads): a chunk must leave keys to fit.
+        lo, hi = self.keys()
+        if hi - lo < 16:
+            least = self.min_distance + self.min_future + SKIP_FIRST + 15
+            raise ValueError(
+                f"length (--length) {self.length} leaves {hi - lo} keys to fit per chunk after min_distance (--min-distance) {self.min_distance} "
+                f"and min_future (--min-future) {self.min_future}: make the length at least {least}"
+            )
+        return self
 
 
 def future_targets(probs: torch.Tensor, min_distance: int) -> torch.Tensor:
@@ -226,29 +244,108 @@ def _checkpoint_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
-def _save_checkpoint(path: Path, spec: FitSpec, done: int, stats: dict[str, torch.Tensor]) -> None:
+CHECKPOINT_FORMAT = "lola-scorer-fit-checkpoint/1"
+STATISTICS = ("n", "xtx", "xty")
+"""The tensors of a checkpoint: ``xtx [L, Hkv, F, F]``, ``xty [L, Hkv, F]``, ``n [L, Hkv]`` float64."""
+
+
+def _save_checkpoint(path: Path, spec: FitSpec, done: int, stats: dict[str, torch.Tensor], inputs: dict[str, str] | None = None) -> None:
     from safetensors.torch import save
 
     from lola.outputs import write_files
 
-    body = save(
-        {k: v.contiguous() for k, v in stats.items()}, metadata={"format": "lola-scorer-fit-checkpoint/1", "spec": spec.model_dump_json(), "done": str(done)}
-    )
-    write_files(path.parent, {path.name: body}, ours=lambda p: _read_checkpoint(p) is not None, writer="lola fit-scorer")
+    metadata = {"format": CHECKPOINT_FORMAT, "spec": spec.model_dump_json(), "done": str(done), "inputs": json.dumps(inputs or {})}
+    body = save({k: v.contiguous() for k, v in stats.items()}, metadata=metadata)
+    write_files(path.parent, {path.name: body}, ours=_is_checkpoint, writer="lola fit-scorer")
 
 
-def _read_checkpoint(path: Path) -> tuple[FitSpec, int, dict[str, torch.Tensor]] | None:
+def _is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds a fit-scorer checkpoint (its format marker reads back)."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") != "lola-scorer-fit-checkpoint/1":
-                return None
+            return (f.metadata() or {}).get("format") == CHECKPOINT_FORMAT
+    except (SafetensorError, OSError, ValueError):
+        return False
+
+
+def _read_checkpoint(path: Path, spec: FitSpec, inputs: dict[str, str], geometry: tuple[int, int, int] | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+    """``(chunks done, statistics)`` of the checkpoint at ``path``, checked against this run.
+
+    Args:
+        spec: this run's options: the saved ones must be equal.
+        inputs: this run's fingerprints (``text``, and ``model`` once it is loaded): a saved
+            one that differs is refused.
+        geometry: ``(layers, K/V heads, features)`` of the model, once it is loaded.
+
+    Raises:
+        ValueError: naming the file and what is wrong (a damaged file, other options or
+            content, statistics no fit of this model could have written).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    from lola.checksums import changed_inputs
+    from lola.errors import describe, option_name
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            if meta.get("format") != CHECKPOINT_FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
             stats = {k: f.get_tensor(k) for k in f.keys()}
-        return FitSpec.model_validate_json(meta["spec"]), int(meta["done"]), stats
-    except (SafetensorError, OSError, KeyError, ValueError):
-        return None
+        saved = FitSpec.model_validate_json(meta["spec"])
+        done = int(meta["done"])
+        saved_inputs = json.loads(meta.get("inputs", "{}"))
+    except (SafetensorError, OSError, KeyError, ValueError) as err:
+        raise ValueError(
+            f"{path} is not a readable lola fit-scorer checkpoint ({describe(err)}): it is truncated, damaged or another tool's file; "
+            "move it away, or remove it to start the fit anew"
+        ) from None
+    if saved != spec:
+        diff = [f"{option_name(k)}: saved {v!r}, now {getattr(spec, k)!r}" for k, v in saved.model_dump().items() if v != getattr(spec, k)]
+        raise ValueError(f"{path} holds a fit with other settings ({'; '.join(diff)}); use the same options to resume, or remove it to start anew")
+    changed = changed_inputs(saved_inputs, inputs)
+    if "text" in changed:
+        raise ValueError(
+            f"{path} was written by a fit on other text: --text {spec.text} changed since it started (same path, other content); restore it, or remove {path.name} to start anew"
+        )
+    if "model" in changed:
+        raise ValueError(
+            f"{path} was written by a fit of other weights: --model {spec.model} now loads weights (with --feature-maps' adapters merged) that differ from "
+            f"those the fit started with; use the same model, or remove {path.name} to start anew"
+        )
+    if not 0 <= done <= spec.documents:
+        raise ValueError(f"{path} records {done} chunks done, outside 0 to --documents {spec.documents}: the file was edited; remove it to start anew")
+    if sorted(stats) != list(STATISTICS):
+        raise ValueError(f"{path} holds the tensors {sorted(stats)}, expected {list(STATISTICS)}: remove it to start anew")
+    for key, t in stats.items():
+        if t.dtype != torch.float64:
+            raise ValueError(f"{path}: {key} is {t.dtype}, expected torch.float64: remove it to start anew")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{path}: {key} holds non-finite values: remove it to start anew")
+    if bool((stats["n"] < 0).any()):
+        raise ValueError(f"{path}: 'n' holds negative counts: remove it to start anew")
+    if geometry is not None:
+        layers, hkv, f = geometry
+        want = {"xtx": (layers, hkv, f, f), "xty": (layers, hkv, f), "n": (layers, hkv)}
+        for key, shape in want.items():
+            if tuple(stats[key].shape) != shape:
+                raise ValueError(f"{path}: {key} is {list(stats[key].shape)}, a fit of this model needs {list(shape)}: remove it to start anew")
+    return done, stats
+
+
+def check_resume(out: str | Path, spec: FitSpec, inputs: dict[str, str] | None = None) -> None:
+    """Refuse, before a model is loaded, an ``out`` whose checkpoint ``out.partial`` is a link,
+    not a plain file, damaged, or of other options or text (the model's weights and the shapes
+    are compared once it is loaded, by :func:`fit_scorer`)."""
+    from lola.data import source_digest
+    from lola.outputs import check_target
+
+    ckpt = _checkpoint_path(Path(out))
+    check_target(ckpt, writer="lola fit-scorer")
+    if ckpt.exists():
+        _read_checkpoint(ckpt, spec, inputs if inputs is not None else {"text": source_digest(list(spec.text))})
 
 
 @torch.no_grad()
@@ -284,16 +381,13 @@ def fit_scorer(model: torch.nn.Module, tokenizer: Any, spec: FitSpec, out: str |
     if getattr(model, "_lola", None) is not None:
         raise ValueError("fit_scorer needs the stock attention: call remove_lola(model) first")
     positions = getattr(model.config, "max_position_embeddings", None)
-    total = spec.length if spec.target == "future" else 2 * spec.length + 16
+    total = spec.positions()
     if positions and total > positions:
-        raise ValueError(f"length {spec.length} needs {total} positions ({spec.target} target), the model holds {positions}")
-    lo, hi = spec.keys()
-    if hi - lo < 16:
-        raise ValueError(f"length {spec.length} leaves {hi - lo} keys to fit per chunk: make it at least min_distance + min_future + {SKIP_FIRST + 16}")
+        raise ValueError(f"length (--length) {spec.length} needs {total} positions ({spec.target} target), the model holds {positions}")
     out = Path(out)
     check_target(out, ours=lambda p: lola.scorers.is_scorer_file(p), writer="lola fit-scorer")
     ckpt = _checkpoint_path(out)
-    check_target(ckpt, ours=lambda p: _read_checkpoint(p) is not None, writer="lola fit-scorer")
+    check_target(ckpt, writer="lola fit-scorer")  # a link or a folder; the content is read below
 
     cfg = model.config
     layers = cfg.num_hidden_layers
@@ -306,18 +400,22 @@ def fit_scorer(model: torch.nn.Module, tokenizer: Any, spec: FitSpec, out: str |
         "xty": torch.zeros(layers, hkv, f, dtype=torch.float64),
         "n": torch.zeros(layers, hkv, dtype=torch.float64),
     }
+    from lola.checksums import weights_digest
+    from lola.data import source_digest
+    from lola.errors import about
+
+    # What the statistics are of, besides the options: a resume on other text or weights would mix two fits.
+    inputs = {"text": source_digest(list(spec.text)), "model": weights_digest(model)}
     done = 0
-    saved = _read_checkpoint(ckpt) if ckpt.exists() else None
-    if saved is not None:
-        if saved[0] != spec:
-            raise ValueError(f"{ckpt} holds a fit with other settings ({saved[0].model_dump()}); use the same options to resume, or remove it to start anew")
-        _, done, stats = saved
+    if ckpt.exists():
+        done, stats = _read_checkpoint(ckpt, spec, inputs, geometry=(layers, hkv, f))
         print(f"lola fit-scorer: resuming after {done} of {spec.documents} chunks", flush=True)
 
     t0 = time.perf_counter()
-    train_text, held_text = load_split(list(spec.text), heldout_fraction=0.1)
-    train = text_chunks(tokenizer, train_text, spec.length, spec.documents, "training")
-    held = text_chunks(tokenizer, held_text, spec.length, spec.heldout, "held-out")
+    with about("--text"):
+        train_text, held_text = load_split(list(spec.text), heldout_fraction=0.1)
+        train = text_chunks(tokenizer, train_text, spec.length, spec.documents, "training")
+        held = text_chunks(tokenizer, held_text, spec.length, spec.heldout, "held-out")
 
     def accumulate(layer: int, head: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, target: torch.Tensor) -> None:
         x = token_features(k, v, pos, None if inv_freq is None else inv_freq.to(k.device)).double()
@@ -329,7 +427,7 @@ def fit_scorer(model: torch.nn.Module, tokenizer: Any, spec: FitSpec, out: str |
     with recording(model):
         for i in tqdm(range(done, spec.documents), desc=f"fit ({spec.target})", initial=done, total=spec.documents, disable=not progress):
             record_targets(model, tokenizer, train[i], spec, accumulate)
-            _save_checkpoint(ckpt, spec, i + 1, stats)
+            _save_checkpoint(ckpt, spec, i + 1, stats, inputs)
         weight = solve_ridge(stats["xtx"], stats["xty"], spec.ridge).float()
         info = {"model": spec.model, "target": spec.target, "spec": spec.model_dump(mode="json"), "command": command}
         scorer = TokenScorer(weight, inv_freq, info)

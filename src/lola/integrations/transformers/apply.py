@@ -52,6 +52,8 @@ def apply_lola(
             logits as in Gemma 2, ALiBi, learned attention sinks, no rotary embeddings, or a
             ``model_type`` not in ``lola.integrations.transformers.support.VERIFIED_MODEL_TYPES``).
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a transformers model (a torch.nn.Module), got {type(model).__name__}: load it first (lola.models.load or transformers)")
     config = LoLAConfig() if config is None else config
     if not isinstance(config, LoLAConfig):
         raise TypeError(f"config must be a lola.LoLAConfig, got {type(config).__name__}")

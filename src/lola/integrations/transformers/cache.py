@@ -258,9 +258,17 @@ class LoLACache(Cache):
             tensors = load_file(weights)
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{weights} cannot be read as safetensors ({e})") from None
+        prefixes = tuple(f"layers.{i}." for i in range(len(cache.layers)))
+        foreign = sorted(k for k in tensors if not k.startswith(prefixes))
+        if foreign:  # dropped unread, they would hide an edit or a cache of another model
+            raise ValueError(f"{weights} holds tensors of no layer of this model's {len(cache.layers)} ({', '.join(foreign[:3])}): the cache was edited")
         for i, layer in enumerate(cache.layers):
             part = {k[len(f"layers.{i}.") :]: t for k, t in tensors.items() if k.startswith(f"layers.{i}.")}
             layer.cumulative_length = lengths[i]
+            if not part and lengths[i] > 0:  # the layer would decode as if it had seen nothing
+                raise ValueError(
+                    f"{meta_path}: layer {i} has seen {lengths[i]} tokens (cumulative_lengths) but {weights} holds no state for it: the cache is incomplete"
+                )
             if part:
                 module = cache._lola_modules[i]
                 device = next(module.parameters()).device

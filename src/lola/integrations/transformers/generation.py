@@ -124,6 +124,10 @@ def check_attention_mask(input_ids: Any, attention_mask: Any, cache: Any) -> Non
             f"attention_mask has shape {tuple(attention_mask.shape)}, expected ({batch}, {past + new}): one row per sequence and one column "
             f"per token ({new} new{held})"
         )
+    # Values, for a prompt only (one read back, not one per decoded token): a 2 or a 0.5 would be
+    # read as a real token by one part of the model and as padding by another.
+    if new > 1 and attention_mask.dtype != torch.bool and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (a real token), got values {sorted(set(attention_mask.unique().tolist()))[:6]}")
 
 
 def check_input_ids(input_ids: Any, vocab_size: Any) -> None:
@@ -131,8 +135,10 @@ def check_input_ids(input_ids: Any, vocab_size: Any) -> None:
     token: one read back, not one per decoded token) ids outside ``[0, vocab_size)``, which the
     embedding would meet as an index error (on CUDA a device-side assert that ends the process's
     use of the device)."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+    if not isinstance(input_ids, torch.Tensor):
         return
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(input_ids.shape)}")
     if input_ids.shape[0] == 0:
         raise ValueError(f"input_ids must hold at least one sequence, got an empty batch of shape {tuple(input_ids.shape)}")
     if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
@@ -152,6 +158,8 @@ def _check_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     if ids is not None:
         embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         check_input_ids(ids, getattr(embedding, "num_embeddings", None))
+        if isinstance(ids, torch.Tensor) and ids.shape[-1] == 0 and kwargs.get("inputs_embeds") is None:
+            raise ValueError(f"input_ids hold no tokens (shape {tuple(ids.shape)}): give at least one token per sequence")
     if ids is None:
         ids = kwargs.get("inputs_embeds")
     cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)

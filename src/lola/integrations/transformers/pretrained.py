@@ -115,11 +115,20 @@ def from_pretrained(path: str | os.PathLike, model_class: Any = None, **kwargs: 
             would be initialised at random); its LoLA tensors are missing, damaged or of the
             wrong shape or kind.
     """
+    from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a saved model folder, got {path!r} ({type(path).__name__})")
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} is not a saved model folder (no config.json)")
+    for weights in sorted(directory.glob("*.safetensors")):  # a cut file named here, not deep in transformers
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{weights} cannot be read as safetensors ({e}): the saved model is damaged") from None
     register_attention()  # a saved config may name the "lola" attention implementation
     model_config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     entry = getattr(model_config, CONFIG_KEY, None)

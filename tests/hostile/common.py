@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,3 +43,24 @@ def write_random_maps(folder: Path, seed: int = 0, **kwargs) -> None:
         tensors[prefix + "window_factors"] = torch.zeros(1, geometry["num_heads"], 1, 1)
     cfg = lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", feature_map="hedgehog", feature_dim=8, mixing="lolcats")
     write_feature_maps(folder, tensors, cfg, geometry, **kwargs)
+
+
+def edit_cache(folder: Path, tensors: Callable[[dict], None] | None = None, meta: Callable[[dict], None] | None = None) -> None:
+    """Edit a saved cache and record the new sums, as a deliberate edit would (not damage)."""
+    import hashlib
+
+    from safetensors.torch import load_file, save
+
+    from lola.integrations.transformers.cache import _meta_checksum
+
+    description = json.loads((folder / "cache.json").read_text())
+    if tensors is not None:
+        loaded = load_file(folder / description["tensors"])
+        tensors(loaded)
+        data = save(loaded)
+        (folder / description["tensors"]).write_bytes(data)
+        description["sha256"] = hashlib.sha256(data).hexdigest()
+    if meta is not None:
+        meta(description)
+    description["checksum"] = _meta_checksum(description)
+    (folder / "cache.json").write_text(json.dumps(description))

@@ -187,27 +187,6 @@ def saved_cache(folder: Path, cfg: lola.LoLAConfig = CFG):
     return model
 
 
-def edit_cache(folder: Path, tensors: Callable[[dict], None] | None = None, meta: Callable[[dict], None] | None = None) -> None:
-    """Edit a saved cache and record the new sums, as a deliberate edit would (not damage)."""
-    import hashlib
-
-    from safetensors.torch import load_file, save
-
-    from lola.integrations.transformers.cache import _meta_checksum
-
-    description = json.loads((folder / "cache.json").read_text())
-    if tensors is not None:
-        loaded = load_file(folder / description["tensors"])
-        tensors(loaded)
-        data = save(loaded)
-        (folder / description["tensors"]).write_bytes(data)
-        description["sha256"] = hashlib.sha256(data).hexdigest()
-    if meta is not None:
-        meta(description)
-    description["checksum"] = _meta_checksum(description)
-    (folder / "cache.json").write_text(json.dumps(description))
-
-
 def saved_model(folder: Path, cfg: lola.LoLAConfig | None = None) -> Path:
     """A tiny LoLA model saved with ``save_pretrained`` (trainable Hedgehog maps: LoLA weights)."""
     model, _ = tiny_lola(cfg or lola.LoLAConfig(window=6, sparse_size=3, sinks=1, chunk=3, feature_map="hedgehog", feature_dim=8))

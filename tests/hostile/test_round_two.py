@@ -58,7 +58,7 @@ import pytest
 import torch
 
 import lola
-from tests.hostile.common import refused, snapshot
+from tests.hostile.common import edit_cache, refused, snapshot
 from tests.hostile.round_two_cases import (
     FIT_ARGS,
     FIT_TEXT,
@@ -68,7 +68,6 @@ from tests.hostile.round_two_cases import (
     Command,
     budgets_file,
     cut,
-    edit_cache,
     edit_model_config,
     edit_model_tensors,
     edit_safetensors,

@@ -26,7 +26,6 @@ check of the same mechanisms.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import torch
 import lola
 from lola.composer import check_state
 from lola.layer import compose, memory_from_config
+from tests.hostile.common import edit_cache
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,25 +90,6 @@ def _saved_cache(folder, cfg: lola.LoLAConfig = CFG):
         model(_ids(30), cache=cache)
     cache.save(folder)
     return model
-
-
-def _edit_cache(folder, tensors=None, meta=None) -> None:
-    """Edit a saved cache and record the new sums, as a deliberate edit would (not damage)."""
-    from safetensors.torch import load_file, save
-
-    from lola.integrations.transformers.cache import _meta_checksum
-
-    description = json.loads((folder / "cache.json").read_text())
-    if tensors is not None:
-        loaded = load_file(folder / description["tensors"])
-        tensors(loaded)
-        data = save(loaded)
-        (folder / description["tensors"]).write_bytes(data)
-        description["sha256"] = hashlib.sha256(data).hexdigest()
-    if meta is not None:
-        meta(description)
-    description["checksum"] = _meta_checksum(description)
-    (folder / "cache.json").write_text(json.dumps(description))
 
 
 # -- a state against its memory ---------------------------------------------------------------------
@@ -247,7 +228,7 @@ class TestAStateAgainstItsMemory:
         from lola.integrations.transformers import LoLACache
 
         model = _saved_cache(tmp_path / "c")
-        _edit_cache(tmp_path / "c", tensors=edit)
+        edit_cache(tmp_path / "c", tensors=edit)
         with pytest.raises(ValueError, match=r"cache-[0-9a-f]{16}\.safetensors: layer \d's state does not fit .*(" + fragment + ")"):
             LoLACache.load(tmp_path / "c", model)
 
@@ -663,7 +644,7 @@ class TestCacheFiles:
 
         model = _saved_cache(tmp_path / "c")
         assert model.config.max_position_embeddings == 8192
-        _edit_cache(tmp_path / "c", meta=lambda m: m.update(cumulative_lengths=[30, length]))
+        edit_cache(tmp_path / "c", meta=lambda m: m.update(cumulative_lengths=[30, length]))
         with pytest.raises(ValueError, match=r"c/cache.json: cumulative_lengths must be 2 integers from 0 to the model's max_position_embeddings \(8192\)"):
             LoLACache.load(tmp_path / "c", model)
 
@@ -671,7 +652,7 @@ class TestCacheFiles:
         from lola.integrations.transformers import LoLACache
 
         model = _saved_cache(tmp_path / "c")
-        _edit_cache(tmp_path / "c", meta=lambda m: m.update(cumulative_lengths=[8192, 8192]))
+        edit_cache(tmp_path / "c", meta=lambda m: m.update(cumulative_lengths=[8192, 8192]))
         assert LoLACache.load(tmp_path / "c", model).get_seq_length() == 8192
 
     @pytest.mark.parametrize("beside", ["no-cache-json", "a-cache-json-naming-other-tensors"])
@@ -692,7 +673,7 @@ class TestCacheFiles:
         _saved_cache(folder)
         named = json.loads((folder / "cache.json").read_text())["tensors"]
         (folder / named).rename(folder / "cache.safetensors")  # as the earlier format named it
-        _edit_cache(folder, meta=lambda m: m.update(tensors="cache.safetensors"))
+        edit_cache(folder, meta=lambda m: m.update(tensors="cache.safetensors"))
         model = _saved_cache(folder)
         assert not (folder / "cache.safetensors").exists()
         LoLACache.load(folder, model)

@@ -255,12 +255,13 @@ def test_the_default_run_is_the_papers_experiment_on_the_shipped_linearized_mode
     assert free.lengths == [1024, 2048]
     assert NiahRun(model="tiny-random-llama").policies == ["sre"] and NiahRun(model="tiny-random-llama").feature_maps is None
     assert NiahRun(policies=["sre"]).policies == ["sre"]
-    # each policy with its repeats folded (fold_repeats 0.95, the 8K measurement), named by the policy
+    # the learned scorer with its repeats folded (fold_repeats 0.95, the 8K measurement), named by the policy; SRE as it is
     assert run.fold_repeats == 0.95 and free.fold_repeats == 0.0
     cfg = method_configs(NiahRun(methods=["lola"]))["lola-learned"]
     assert cfg.policy == "distinct"
     assert cfg.policy_kwargs == {"policy": "learned", "policy_kwargs": {"scorer": "smollm2-135m-instruct"}, "threshold": 0.95}
-    assert method_configs(NiahRun(methods=["lola"]))["lola-sre"].policy_kwargs == {"policy": "sre", "policy_kwargs": {}, "threshold": 0.95}
+    sre = method_configs(NiahRun(methods=["lola"]))["lola-sre"]
+    assert sre.policy == "sre" and sre.policy_kwargs == {}
     # off: the policy itself; the training-free run's policy is its own
     cfg = method_configs(NiahRun(methods=["lola"], fold_repeats=0))["lola-learned"]
     assert cfg.policy == "learned" and cfg.policy_kwargs == {"scorer": "smollm2-135m-instruct"}

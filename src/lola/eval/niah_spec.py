@@ -75,7 +75,7 @@ class NiahRun(BaseModel):
     )
     # At 8K the learned scorer filled heads' sparse caches with copies of the haystack's repeated
     # tokens; folding repeats answered 16 of 20 where it answered 13 (docs/results.md, "What the
-    # misses at 8K are"). Decided with the model and maps: on for shipped linearized maps.
+    # misses at 8K are"). Decided with the model and maps: on with trained maps, for the learned scorer.
     fold_repeats: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
         None,
         description="wrap the learned policy in `distinct`: a candidate whose value has cosine >= this with a higher-ranked "

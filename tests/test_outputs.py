@@ -7,6 +7,7 @@ checkpoints, results, budgets, exported tasks).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -50,10 +51,21 @@ def test_a_failure_while_writing_leaves_the_previous_files_and_no_temporaries(tm
 
     contents = [b"new a", b"new b", b"new c"]
     contents[fail_at] = boom
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError, match="disk full") as raised:
         write_files(tmp_path, dict(zip("abc", contents)))
+    assert str(tmp_path / "abc"[fail_at]) in str(raised.value)  # the error names the file it could not write
     assert _listing(tmp_path) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_a_full_disk_is_reported_with_the_file_and_its_errno(tmp_path):
+    def full(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # what write() raises: no file name
+
+    with pytest.raises(OSError) as raised:
+        write_files(tmp_path, {"config.json": full}, writer="lola export")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / "config.json")
+    assert str(raised.value) == f"[Errno 28] lola export could not write it: No space left on device: '{tmp_path / 'config.json'}'"
 
 
 @pytest.mark.parametrize("kind", ["file", "folder", "dangling"])

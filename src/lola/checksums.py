@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["changed_inputs", "content_digest", "sha256_file", "weights_digest"]
+__all__ = ["changed_inputs", "content_digest", "sha256_file", "tensors_digest", "weights_digest"]
 
 
 def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
@@ -77,11 +77,18 @@ def weights_digest(model: Any, every_value: bool = False) -> str:
     - ``every_value=True``: every byte, with the dtype: a saved :class:`~lola.LoLACache` is refused
       by a model whose weights or maps differ in any value.
     """
+    return tensors_digest(model.state_dict().items(), every_value)
+
+
+def tensors_digest(tensors: Iterable[tuple[str, Any]], every_value: bool = False) -> str:
+    """:func:`weights_digest` of named tensors (``(name, tensor)`` pairs, in any order): what a
+    saved model folder records of a part of its weights (the LoRA-merged projections) so that
+    a loader can check the files hold what the folder's metadata says they do."""
     import torch
 
     digest = hashlib.sha256()
     with torch.no_grad():
-        for name, tensor in sorted(model.state_dict().items()):
+        for name, tensor in sorted(tensors, key=lambda item: item[0]):
             header = f"{name}\0{tuple(tensor.shape)}" + (f"\0{tensor.dtype}" if every_value else "")
             digest.update(f"{header}\n".encode())
             if tensor.device.type == "meta" or tensor.numel() == 0:

@@ -387,6 +387,8 @@ def write_files(
     Raises:
         ValueError: a bad name, a link or foreign file in a target's place, or a folder that
             cannot be created; nothing was written then.
+        OSError: writing failed (a full disk, a quota); it names the file, and nothing of the
+            group was put in place.
     """
     folder = Path(folder)
     for name in (*files, *remove):
@@ -408,13 +410,22 @@ def write_files(
                 fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=folder)
                 tmp = Path(tmp_name)
                 temps.append(tmp)
-                if callable(content):
-                    os.close(fd)
-                    content(tmp)
-                else:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
-                _sync(tmp)
+                try:
+                    if callable(content):
+                        os.close(fd)
+                        content(tmp)
+                    else:
+                        with os.fdopen(fd, "wb") as f:
+                            f.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
+                    _sync(tmp)
+                except OSError as err:
+                    if err.filename is not None:
+                        raise
+                    # a full disk or a quota says only "[Errno 28] No space left on device": name the file
+                    target = str(folder / name)
+                    if err.errno is None:
+                        raise OSError(f"{writer} could not write {target}: {err}") from err
+                    raise OSError(err.errno, f"{writer} could not write it: {err.strerror}", target) from err
             for target in targets:
                 check_target(target, ours, writer)  # nothing swapped in while the files were written
             renames = [[tmp.name, target.name, _file_state(target)] for tmp, target in zip(temps, targets)]

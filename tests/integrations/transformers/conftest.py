@@ -38,3 +38,18 @@ def left_padded(batch: int = 3, length: int = 40, seed: int = 0):
     for row in range(1, batch):
         mask[row, : 5 * row + 3] = 0
     return ids, mask
+
+
+@pytest.fixture(scope="session")
+def stage2(tmp_path_factory):
+    """A tiny linearized model's folder: trained feature maps and window factors, and LoRA adapters
+    (for ``lola.models.tiny_random``)."""
+    from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
+    from lola.models import tiny_random
+
+    out = tmp_path_factory.mktemp("maps")
+    model, tok = tiny_random()
+    quiet = dict(progress=False, log=lambda s: None)
+    linearize(model, tok, LinearizeConfig(steps=2, chunk_tokens=64, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"]), out, **quiet)
+    finetune(model, tok, FinetuneConfig(steps=2, seq_len=64, eval_chunks=1, warmup_steps=0, lr=3e-2, text=["pydoc"]), out, **quiet)
+    return out

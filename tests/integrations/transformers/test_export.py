@@ -11,21 +11,9 @@ from lola.checksums import weights_digest
 from lola.cli import main
 from lola.integrations.transformers import apply_lola, from_pretrained, remove_lola
 from lola.integrations.transformers.export import VLLM_ARCHITECTURE, export_pretrained, is_exported_folder
-from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
 from lola.models import tiny_random
 
 CFG = lola.LoLAConfig(window=8, sparse_size=6, sinks=2, chunk=4)
-
-
-@pytest.fixture(scope="module")
-def stage2(tmp_path_factory):
-    """A tiny linearized model: trained feature maps and window factors, and LoRA adapters."""
-    out = tmp_path_factory.mktemp("maps")
-    model, tok = tiny_random()
-    quiet = dict(progress=False, log=lambda s: None)
-    linearize(model, tok, LinearizeConfig(steps=2, chunk_tokens=64, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"]), out, **quiet)
-    finetune(model, tok, FinetuneConfig(steps=2, seq_len=64, eval_chunks=1, warmup_steps=0, lr=3e-2, text=["pydoc"]), out, **quiet)
-    return out
 
 
 def test_the_exported_folder_is_the_model_lola_runs(stage2, tmp_path):

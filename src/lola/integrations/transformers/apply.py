@@ -12,6 +12,7 @@ from lola.config import LoLAConfig
 from lola.integrations.transformers.applied import CONFIG_KEY, AppliedLoLA, config_entry
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
 from lola.integrations.transformers.generation import install_forward_check, install_generation_hook, remove_forward_check, remove_generation_hook
+from lola.integrations.transformers.merged import install_save_hook, remove_save_hook
 from lola.integrations.transformers.support import check_architecture, check_flag
 from lola.layer import LoLAAttention, compose
 from lola.pretrained.geometry import attention_geometry, attention_modules
@@ -108,6 +109,7 @@ def apply_lola(
     )
     install_generation_hook(model)
     install_forward_check(model)
+    install_save_hook(model)  # records the LoRA-merged projections as saved
     model.config.lola = config_entry(config, lora_merged=False)  # save_pretrained writes it to config.json
     if maps is not None:
         import re
@@ -145,6 +147,7 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
         restore_weights(model, info.merged_weights)  # the stock projections, bit for bit
     remove_generation_hook(model)
     remove_forward_check(model)
+    remove_save_hook(model)
     if hasattr(model.config, CONFIG_KEY):
         delattr(model.config, CONFIG_KEY)
     del model._lola

@@ -25,6 +25,7 @@ from lola.config import validation_summary
 from lola.integrations.transformers.applied import CONFIG_KEY, config_entry, saved_config
 from lola.integrations.transformers.apply import apply_lola, remove_lola
 from lola.integrations.transformers.attention import register_attention
+from lola.integrations.transformers.merged import check_merged_projections
 from lola.model_entry import read_entry
 
 # CONFIG_KEY, config_entry and saved_config live beside AppliedLoLA; re-exported here, where they are documented.
@@ -138,6 +139,7 @@ def from_pretrained(path: str | os.PathLike, model_class: Any = None, **kwargs: 
         saved = read_entry(entry)
     except ValidationError as err:
         raise ValueError(f"{directory}/config.json: its 'lola' entry {validation_summary(err)}") from None
+    check_merged_projections(directory, saved)  # lora_merged is a claim about the files: checked
     cls = model_class or AutoModelForCausalLM
     kwargs.setdefault("local_files_only", True)
     kwargs.pop("output_loading_info", None)  # read here: what is missing is refused below
@@ -164,5 +166,5 @@ def from_pretrained(path: str | os.PathLike, model_class: Any = None, **kwargs: 
         remove_lola(model)
         raise
     model.load_state_dict(tensors, strict=False)
-    model.config.lola = config_entry(model._lola.config, lora_merged=saved.lora_merged)
+    model.config.lola = config_entry(model._lola.config, lora_merged=saved.lora_merged, merged_projections=saved.merged_projections)
     return model

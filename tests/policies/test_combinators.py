@@ -89,10 +89,10 @@ def test_combinators_are_configurable_by_name():
     assert torch.isfinite(o).all() and state.queries is not None
 
 
-def repeats_by_loops(v, scores, pos, valid, threshold):
-    """The definition, one candidate pair at a time."""
+def repeats_by_loops(v, scores, pos, valid, threshold, needed=1):
+    """The definition, one candidate pair at a time: ``needed`` near-copies ranked above."""
     b, h, n = scores.shape
-    out = torch.zeros(b, h, n, dtype=torch.bool)
+    count = torch.zeros(b, h, n, dtype=torch.long)
     for bi in range(b):
         for hi in range(h):
             for i in range(n):
@@ -104,8 +104,8 @@ def repeats_by_loops(v, scores, pos, valid, threshold):
                     a, c = v[bi, hi, i].double(), v[bi, hi, j].double()
                     cos = float(a @ c / (a.norm().clamp_min(1e-12) * c.norm().clamp_min(1e-12)))
                     if ranked_above and cos >= threshold - 1e-5:
-                        out[bi, hi, i] = True
-    return out
+                        count[bi, hi, i] += 1
+    return count >= needed
 
 
 @settings(max_examples=60)
@@ -115,9 +115,10 @@ def repeats_by_loops(v, scores, pos, valid, threshold):
     copies=st.integers(0, 4),
     threshold=st.sampled_from([1e-6, 0.5, 0.9, 0.99, 1.0]),
     tie=st.booleans(),
+    needed=st.integers(1, 3),
     seed=st.integers(0, 2**16),
 )
-def test_repeats_match_the_pairwise_definition(n, h, copies, threshold, tie, seed):
+def test_repeats_match_the_pairwise_definition(n, h, copies, threshold, tie, needed, seed):
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(1, h, n, 3, generator=g)
     # Plant exact copies (scaled: a repeat is a direction) so the threshold is reached at 1.0 too.
@@ -127,10 +128,11 @@ def test_repeats_match_the_pairwise_definition(n, h, copies, threshold, tie, see
     pos = torch.randperm(n, generator=g).expand(1, h, n).clone()
     pos[..., -1] = torch.where(torch.rand(1, generator=g) < 0.3, -1, pos[..., -1])  # an empty slot
     valid = pos >= 0
-    got = repeats(v, scores, pos, valid, threshold)
-    want = repeats_by_loops(v, scores, pos, valid, threshold)
+    got = repeats(v, scores, pos, valid, threshold, needed)
+    want = repeats_by_loops(v, scores, pos, valid, threshold, needed)
     assert torch.equal(got, want)
-    assert torch.equal(repeats_reference(v, scores, pos, valid, threshold), want)
+    assert torch.equal(repeats_reference(v, scores, pos, valid, threshold, needed), want)
+    got = repeats(v, scores, pos, valid, threshold)
     for c in range(min(copies, n - 1)):
         if valid[0, 0, 0] and valid[0, 0, c + 1]:
             # of two exact copies exactly the lower-ranked one is a repeat
@@ -146,9 +148,10 @@ def test_repeats_match_the_pairwise_definition(n, h, copies, threshold, tie, see
     empty=st.integers(0, 50),
     tie=st.booleans(),
     threshold=st.sampled_from([0.8, 0.95]),
+    needed=st.sampled_from([1, 2, 4]),
     seed=st.integers(0, 2**16),
 )
-def test_repeats_equal_the_pairwise_masks_at_a_cache_s_size(n, copies, empty, tie, threshold, seed):
+def test_repeats_equal_the_pairwise_masks_at_a_cache_s_size(n, copies, empty, tie, threshold, needed, seed):
     """Property: at the sizes of a real update (hundreds of candidates, many near-copies, empty
     slots, tied scores) the rank-sorted computation flags exactly what every pair compared does."""
     g = torch.Generator().manual_seed(seed)
@@ -160,7 +163,7 @@ def test_repeats_equal_the_pairwise_masks_at_a_cache_s_size(n, copies, empty, ti
     pos = torch.stack([torch.randperm(n, generator=g) for _ in range(6)]).view(2, 3, n)
     pos[..., : min(empty, n)] = -1  # empty slots (invalid, several at one position)
     valid = pos >= 0
-    assert torch.equal(repeats(v, scores, pos, valid, threshold), repeats_reference(v, scores, pos, valid, threshold))
+    assert torch.equal(repeats(v, scores, pos, valid, threshold, needed), repeats_reference(v, scores, pos, valid, threshold, needed))
 
 
 @settings(max_examples=60)
@@ -201,10 +204,23 @@ def test_distinct_keeps_one_copy_the_older_on_a_tie_and_ignores_empty_slots():
     assert float(tied[0, 0, 1]) > float(tied[0, 0, 0])
 
 
+def test_distinct_keeps_as_many_copies_as_asked():
+    # four copies of one direction, ranked by recency (newest first), and one other value
+    v = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [4.0, 0.0], [0.0, 1.0]]).view(1, 1, 5, 2)
+    cand = KVBlock(torch.zeros(1, 1, 5, 2), v, torch.arange(5).view(1, 1, 5))
+    for copies, folded in ((1, [0, 1, 2]), (2, [0, 1]), (3, [0]), (4, [])):
+        out = Distinct(policy="recency", threshold=0.9, copies=copies).score(cand, None)[0, 0]
+        kept = [i for i in range(5) if i not in folded]
+        assert all(float(out[i]) < min(float(out[j]) for j in kept) for i in folded), (copies, out)
+
+
 def test_distinct_validates_and_builds_by_name():
     for bad in (0.0, 1.5, -1, "x", True):
         with pytest.raises(ValueError, match="threshold"):
             Distinct(threshold=bad)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="copies"):
+            Distinct(copies=bad)
     with pytest.raises(KeyError, match="unknown policy"):
         Distinct(policy="nope")
     assert Distinct(policy="attention").needs_attention

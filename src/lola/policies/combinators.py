@@ -158,30 +158,36 @@ class Distinct(_Composite):
     every copy of a repeated phrase the same score, so at length the copies of one
     high-scoring token fill the whole sparse cache and push out a needle they outnumber
     (measured: 750 of 1,205 exact tokens of one head were ``.`` at 8K on a repetitive
-    haystack). One copy stays exact; the others are folded into the linear state, which holds
-    repeated directions well: that is what it is for.
+    haystack). The first ``copies`` copies stay exact; the others are folded into the linear
+    state, which holds repeated directions well: that is what it is for. A needle of digits
+    repeats some of its own digits, and prose holds digits of its own, so more than one copy
+    may need to stay (``copies``).
 
     Args:
         policy: a registered policy name.
         policy_kwargs: its keyword arguments.
         threshold: cosine similarity of two values above which the lower-ranked is a repeat,
             in ``(0, 1]``.
+        copies: how many higher-ranked near-copies make a candidate a repeat (``1``: any).
     """
 
     policy: str = "sre"
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     threshold: float = 0.95
+    copies: int = 1
     parts: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) or not 0.0 < float(self.threshold) <= 1.0:
             raise ValueError(f"threshold must be a number in (0, 1], got {self.threshold!r}")
+        if not isinstance(self.copies, int) or isinstance(self.copies, bool) or self.copies < 1:
+            raise ValueError(f"copies must be an integer >= 1, got {self.copies!r}")
         object.__setattr__(self, "parts", (_build(self.policy, self.policy_kwargs),))
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         inner = self.parts[0].score(candidates, ctx).float()
         valid, pos = candidates.valid, candidates.pos
-        repeated = repeats(candidates.v, inner, pos, valid, float(self.threshold))
+        repeated = repeats(candidates.v, inner, pos, valid, float(self.threshold), self.copies)
         # Below every candidate that repeats nothing, in the inner order among themselves.
         big = torch.finfo(torch.float32).max / 4
         lo = torch.where(valid, inner, big).amin(dim=-1, keepdim=True)
@@ -189,22 +195,24 @@ class Distinct(_Composite):
         return torch.where(repeated & valid, inner - (hi - lo) - 1.0, inner)
 
 
-def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
-    """``[B, Hs, N]`` bool: candidate ``i`` repeats a valid candidate ``j`` ranked above it
-    (``scores[j] > scores[i]``, or equal and ``pos[j] < pos[i]``) whose value has cosine
-    similarity ``>= threshold`` with its own. ``O(N²)`` per head, for the few hundred to
-    few thousand candidates of one update.
+def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float, copies: int = 1) -> torch.Tensor:
+    """``[B, Hs, N]`` bool: candidate ``i`` repeats at least ``copies`` valid candidates ``j``
+    ranked above it (``scores[j] > scores[i]``, or equal and ``pos[j] < pos[i]``) whose values
+    have cosine similarity ``>= threshold`` with its own. ``O(N²)`` per head, for the few
+    hundred to few thousand candidates of one update.
 
     The candidates are sorted by rank first, so "ranked above" is "earlier in the order": the
     similarities of each candidate with those before it are the strict lower triangle of one
-    ``[N, N]`` product, and a row's largest entry tells whether it repeats one (no ``[N, N]``
-    rank comparison or boolean reduction: at 8K those took most of a layer's step).
+    ``[N, N]`` product, and a row's largest entry (``copies`` 1) or its count of entries at the
+    threshold tells whether it repeats (no ``[N, N]`` rank comparison: at 8K those took most
+    of a layer's step).
 
     Args:
         v: ``[B, Hs, N, D]`` values.
         scores: ``[B, Hs, N]`` the inner ranking.
         pos: ``[B, Hs, N]`` positions (ties).
         valid: ``[B, Hs, N]`` real candidates.
+        copies: near-copies ranked above that make a repeat.
     """
     # Within float32's rounding of the threshold counts as reaching it (threshold 1 = same direction).
     cut = threshold - 1e-5
@@ -218,18 +226,19 @@ def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: tor
     if cut > 0:
         # An invalid candidate is a zero vector as the one repeated, and what is not above is
         # zeroed: both stay below a positive cut.
-        best = (unit @ (unit * ranked_valid[..., None]).transpose(-1, -2)).tril_(-1).amax(dim=-1)
+        sim = (unit @ (unit * ranked_valid[..., None]).transpose(-1, -2)).tril_(-1)
     else:
         sim = unit @ unit.transpose(-1, -2)
         above = torch.ones(sim.shape[-1], sim.shape[-1], dtype=torch.bool, device=sim.device).tril_(-1)
-        best = sim.masked_fill_(~(above & ranked_valid[..., None, :]), -2.0).amax(dim=-1)
-    return torch.zeros_like(valid).scatter_(-1, order, best >= cut)
+        sim.masked_fill_(~(above & ranked_valid[..., None, :]), -2.0)
+    repeated = sim.amax(dim=-1) >= cut if copies == 1 else (sim >= cut).sum(dim=-1) >= copies
+    return torch.zeros_like(valid).scatter_(-1, order, repeated)
 
 
-def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
+def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float, copies: int = 1) -> torch.Tensor:
     """:func:`repeats` as its definition reads, every pair compared (``[B, Hs, N, N]`` masks)."""
     unit = torch.nn.functional.normalize(v.float(), dim=-1)
     similar = unit @ unit.transpose(-1, -2) >= threshold - 1e-5  # [B, Hs, N(i), N(j)]
     si, sj = scores[..., :, None], scores[..., None, :]
     above = (sj > si) | ((sj == si) & (pos[..., None, :] < pos[..., :, None]))
-    return (similar & above & valid[..., None, :]).any(dim=-1)
+    return (similar & above & valid[..., None, :]).sum(dim=-1) >= copies

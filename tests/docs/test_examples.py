@@ -87,3 +87,20 @@ def test_adapted_full_attention_answers_lola_niahs_prompts_and_resumes(tiny_maps
     assert len(out.read_text().splitlines()) == 2
     with pytest.raises(AssertionError, match="another run's samples"):
         run("adapted_full_attention.py", *args[:-4], "--seed", "4", "--out", str(out))
+
+
+def test_needle_timeline_counts_heads_segment_by_segment_and_resumes(tiny_maps, tmp_path):
+    out = tmp_path / "timeline.jsonl"
+    args = ["--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--lengths", "400", "--samples", "2", "--seed", "3"]
+    args += ["--window", "16", "--sparse-size", "16", "--segment", "128", "--policies", "sre", "--out", str(out)]
+    printed = run("needle_timeline.py", *args)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["method"], r["index"]) for r in records] == [("lola-sre", 0), ("lola-sre", 1)] and "heads holding it" in printed
+    for r in records:
+        segments = -(-r["length"] // 128)
+        assert len(r["held_after_segment"]) in (segments - 1, segments)  # the prompt is a little under its length
+        assert all(0 <= h <= r["heads"] for h in r["held_after_segment"])
+        if r["needle_at"] >= 128:
+            assert r["held_after_segment"][0] == 0  # nothing holds a needle not yet read
+        assert sum(r["sparse_by_eighths"]) > 0
+    assert run("needle_timeline.py", *args).count("heads holding it") == 0  # resumed: nothing run again

@@ -92,6 +92,7 @@ NIAH_FIELDS = (
     "linear_share_cap",
     "linear_share_cap_from",
     "fold_repeats",
+    "fold_copies",
     "feature_maps",
     "max_new_tokens",
     "seed",

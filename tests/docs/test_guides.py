@@ -58,26 +58,51 @@ def test_pages_have_examples() -> None:
         assert python_blocks(page.read_text(encoding="utf-8")), f"{page.name} has no python example"
 
 
+def run_blocks(blocks: list[tuple[int, str]], name: str, where: str) -> None:
+    """Execute ``blocks`` in order in one fresh module named ``name`` (``where``: the file, for
+    messages); policies they register are unregistered afterwards."""
+    module = types.ModuleType(name)
+    module.__file__ = where
+    sys.modules[module.__name__] = module  # dataclasses defined in the examples look it up
+    registered = set(lola.policies.available())
+    try:
+        for line, source in blocks:
+            code = compile(source, f"{where}:{line}", "exec")
+            try:
+                exec(code, module.__dict__)
+            except Exception as err:
+                raise AssertionError(f"the example at {where}, line {line}, failed: {err!r}") from err
+    finally:
+        for registered_name in set(lola.policies.available()) - registered:
+            lola.policies.unregister(registered_name)
+        del sys.modules[module.__name__]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
 def test_page_examples_run(page: Path) -> None:
     blocks = python_blocks(page.read_text(encoding="utf-8"))
     if not blocks:
         pytest.skip(f"{page.name} has no python blocks")
-    module = types.ModuleType(f"lola_docs_{page.stem}")
-    module.__file__ = str(page)
-    sys.modules[module.__name__] = module  # dataclasses defined in the examples look it up
-    registered = set(lola.policies.available())
-    try:
-        for line, source in blocks:
-            code = compile(source, f"{page.relative_to(DOCS)}:{line}", "exec")
-            try:
-                exec(code, module.__dict__)
-            except Exception as err:
-                raise AssertionError(f"the example at {page.relative_to(DOCS)}, line {line}, failed: {err!r}") from err
-    finally:
-        for name in set(lola.policies.available()) - registered:
-            lola.policies.unregister(name)
-        del sys.modules[module.__name__]
+    run_blocks(blocks, f"lola_docs_{page.stem}", str(page.relative_to(DOCS)))
+
+
+README = DOCS.parent / "README.md"
+
+
+def test_readme_is_short_and_opens_with_an_example() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    blocks = python_blocks("\n".join(lines))
+    assert len(lines) <= 150, f"the README has {len(lines)} lines; the rest belongs in docs/"
+    assert blocks and blocks[0][0] <= 40, "the README's first runnable example must come within its first 40 lines"
+
+
+@pytest.mark.model
+def test_readme_examples_run() -> None:
+    """The README's examples run as written (the first loads the real model, as the README's
+    first command does)."""
+    blocks = python_blocks(README.read_text(encoding="utf-8"))
+    assert blocks, "the README has no python example"
+    run_blocks(blocks, "lola_readme", "README.md")
 
 
 API_PAGES = {

@@ -255,11 +255,12 @@ def test_the_default_run_is_the_papers_experiment_on_the_shipped_linearized_mode
     assert free.lengths == [1024, 2048]
     assert NiahRun(model="tiny-random-llama").policies == ["sre"] and NiahRun(model="tiny-random-llama").feature_maps is None
     assert NiahRun(policies=["sre"]).policies == ["sre"]
-    # the learned scorer with its repeats folded (fold_repeats 0.95, the 8K measurement), named by the policy; SRE as it is
-    assert run.fold_repeats == 0.95 and free.fold_repeats == 0.0
+    # the learned scorer with its repeats folded (fold_repeats 0.95, the 8K measurement; four copies kept), named by the policy; SRE as it is
+    assert run.fold_repeats == 0.95 and free.fold_repeats == 0.0 and run.fold_copies == 4
     cfg = method_configs(NiahRun(methods=["lola"]))["lola-learned"]
     assert cfg.policy == "distinct"
-    assert cfg.policy_kwargs == {"policy": "learned", "policy_kwargs": {"scorer": "smollm2-135m-instruct"}, "threshold": 0.95}
+    assert cfg.policy_kwargs == {"policy": "learned", "policy_kwargs": {"scorer": "smollm2-135m-instruct"}, "threshold": 0.95, "copies": 4}
+    assert method_configs(NiahRun(methods=["lola"], fold_copies=1))["lola-learned"].policy_kwargs["copies"] == 1
     sre = method_configs(NiahRun(methods=["lola"]))["lola-sre"]
     assert sre.policy == "sre" and sre.policy_kwargs == {}
     # off: the policy itself; the training-free run's policy is its own

@@ -81,6 +81,11 @@ class NiahRun(BaseModel):
         description="wrap the learned policy in `distinct`: a candidate whose value has cosine >= this with a higher-ranked "
         "candidate's is folded into the linear state (0: off; none: 0.95 with trained feature maps, else off)",
     )
+    # One copy kept folded digits of prose needles into prose digits and a needle's own repeated
+    # digits (prose 2K: 6 of 8 tuning prompts against 8 of 8 unfolded); four copies kept both.
+    fold_copies: StrictInt | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="with fold_repeats: higher-ranked near-copies that make a candidate a repeat (none: 4)"
+    )
     feature_maps: str | None = Field(
         "auto",
         description="a `lola linearize` folder or a shipped name, loaded into every method but full; auto: the model's shipped maps if any; none: untrained maps (training-free)",
@@ -167,6 +172,8 @@ class NiahRun(BaseModel):
             data["lengths"] = [2048, 4096] if maps is not None else [1024, 2048]
         if data.get("fold_repeats") is None:
             data["fold_repeats"] = FOLD_REPEATS if maps is not None else 0.0
+        if data.get("fold_copies") is None:
+            data["fold_copies"] = FOLD_COPIES
         if data.get("policies") is None:
             learned = default_policy(model, maps)
             data["policies"] = ["sre", learned] if maps is not None and learned != "sre" else [learned]
@@ -299,6 +306,10 @@ def shipped_maps_for(model: Any) -> str | None:
 
 FOLD_REPEATS = 0.95
 """``fold_repeats`` of a run on shipped linearized maps (the threshold measured at 8K)."""
+FOLD_COPIES = 4
+"""``fold_copies`` unless given: a candidate is a repeat once four higher-ranked candidates repeat
+its value, so a needle's repeated digits and the digits of a prose haystack stay exact while the
+hundreds of copies of a repetitive haystack's tokens fold."""
 FOLDED_POLICIES = ("learned",)
 """Policies ``fold_repeats`` wraps: those whose score is a function of the token's own key and
 value, so every copy of a repeated token scores alike. SRE reads each candidate against the
@@ -331,10 +342,10 @@ def _policy_defaults(policy: str, run: NiahRun) -> dict[str, Any]:
 def policy_fields(policy: str, run: NiahRun) -> dict[str, Any]:
     """``{"policy", "policy_kwargs"}`` of the lola method scored by ``policy`` in ``run``: its
     options from the run (the learned scorer's model), wrapped in ``distinct`` when the run
-    folds repeats (``fold_repeats``) and ``policy`` is one of :data:`FOLDED_POLICIES`."""
+    folds repeats (``fold_repeats``, ``fold_copies``) and ``policy`` is one of :data:`FOLDED_POLICIES`."""
     kwargs = _policy_defaults(policy, run).get("policy_kwargs", {})
     if run.fold_repeats and policy in FOLDED_POLICIES:  # the policy, its repeated values ranked last (lola.policies.Distinct)
-        return {"policy": "distinct", "policy_kwargs": {"policy": policy, "policy_kwargs": kwargs, "threshold": run.fold_repeats}}
+        return {"policy": "distinct", "policy_kwargs": {"policy": policy, "policy_kwargs": kwargs, "threshold": run.fold_repeats, "copies": run.fold_copies}}
     return {"policy": policy, "policy_kwargs": kwargs}
 
 

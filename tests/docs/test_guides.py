@@ -96,6 +96,17 @@ def test_readme_is_short_and_opens_with_an_example() -> None:
     assert blocks and blocks[0][0] <= 40, "the README's first runnable example must come within its first 40 lines"
 
 
+def test_readme_holds_the_commands_ci_runs() -> None:
+    """`.ci/run` reads the README: its first bash block (set-up, then tests) and the bash block of
+    "## Documentation" (the docs build). A README edit that loses either would break CI."""
+    text = README.read_text(encoding="utf-8")
+    bash = re.findall(r"^```bash\n(.*?)^```$", text, flags=re.S | re.M)
+    first = bash[0].strip().splitlines()
+    assert len(first) == 2 and "pip install" in first[0] and "pytest" in first[1]
+    docs = re.search(r"^## Documentation$.*?^```bash\n(.*?)^```$", text, flags=re.S | re.M)
+    assert docs and "sphinx-build" in docs.group(1)
+
+
 @pytest.mark.model
 def test_readme_examples_run() -> None:
     """The README's examples run as written (the first loads the real model, as the README's

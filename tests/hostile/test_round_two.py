@@ -624,13 +624,19 @@ def _from_pretrained(prepare):
     return run
 
 
-def _saved_then(edit):
+def _edited(make, edit):
+    """A case's folder: ``make(tmp_path / "m")``, then ``edit`` applied to it."""
+
     def prepare(tmp_path):
-        folder = saved_model(tmp_path / "m")
+        folder = make(tmp_path / "m")
         edit(folder)
         return folder
 
     return prepare
+
+
+def _saved_then(edit):
+    return _edited(saved_model, edit)
 
 
 def _cast_lola_weight(dtype):
@@ -888,12 +894,7 @@ def _maps(prepare):
 
 
 def _maps_then(edit):
-    def prepare(tmp_path):
-        folder = maps_folder(tmp_path / "m")
-        edit(folder)
-        return folder
-
-    return prepare
+    return _edited(maps_folder, edit)
 
 
 def _replace_with_folder(name):

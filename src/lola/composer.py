@@ -33,7 +33,7 @@ from lola.memory.sinks import SinkTokens
 from lola.memory.slots import SlotBuffer
 from lola.memory.sparse import SparseCache
 from lola.memory.window import SlidingWindow
-from lola.policies.base import ScoringContext, ScoringPolicy
+from lola.policies.base import ScoringContext, ScoringPolicy, keeps_tallies
 from lola.schedules import UpdateSchedule
 from lola.segment_reads import DecodeRead, SegmentReads, take_tokens
 from lola.state_pages import PageBinding, bind, page_layout, sync
@@ -242,10 +242,10 @@ class LoLAMemory:
         """
         from lola.memory.allocation import check_allocation
 
-        track = bool(getattr(self.policy, "needs_attention", False))
+        track = keeps_tallies(self.policy)
         slots = {m.name: m.capacity for m in self.exact_memories}
         element = torch.empty((), dtype=dtype).element_size()
-        per_slot = 2 * head_dim * element + 8 + (4 if track else 0)  # k, v, position, attention
+        per_slot = 2 * head_dim * element + 8 + (4 if track else 0)  # k, v, position, tally
         linear = num_heads * (feature_dim + 1) * head_dim * 4 + (num_heads * (1 + head_dim + head_dim * head_dim) * 4 if self.queries is not None else 0)
         need = batch * (storage_heads * sum(slots.values()) * per_slot + linear)
         sizes = " + ".join(f"{name} {n}" for name, n in slots.items())
@@ -798,9 +798,13 @@ class LoLAMemory:
         """
         leaving = self.window.pop_oldest(rows)
         candidates = KVBlock.cat([leaving, self.sparse.block])
-        ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1, scale=scale, layer=self.layer, queries=self.queries)
+        fresh = torch.cat([leaving.valid, torch.zeros_like(self.sparse.block.valid)], dim=-1)
+        ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1, scale=scale, layer=self.layer, queries=self.queries, leaving=fresh)
         scores = self._score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
         _check_scores(scores, candidates.valid, self.policy)
+        if getattr(self.policy, "keeps_scores", False) and candidates.acc is not None:
+            # The kept tokens carry their scores to the next step (in the slots' tallies).
+            candidates = KVBlock(candidates.k, candidates.v, candidates.pos, scores.float())
         evicted = self.sparse.select(candidates, scores, rows)
         g = ctx.group(evicted)
         return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g), ctx.expand_heads(evicted.pos, g)
@@ -862,6 +866,11 @@ def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> 
     bad = torch.isnan(scores) & valid
     if not require(~bad.any(), f"policy {describe(policy)} returned NaN scores"):
         raise ValueError(f"policy {describe(policy)} returned NaN scores for {int(bad.sum())} candidates")
+    if getattr(policy, "keeps_scores", False):
+        # Kept scores live in the slots' tallies, which a state check holds to finite and >= 0.
+        bad = ~(torch.isfinite(scores) & (scores >= 0)) & valid
+        if not require(~bad.any(), f"policy {describe(policy)} keeps its scores and returned a negative or infinite one"):
+            raise ValueError(f"policy {describe(policy)} keeps its scores, so they must be finite and >= 0; got {int(bad.sum())} that are not")
 
 
 def _layout_of(state: dict[str, torch.Tensor], linear: str, window: str) -> StateLayout | None:
@@ -924,7 +933,7 @@ def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None
     every state that comes from outside (:meth:`LoLAMemory.load_state_dict`, ``LoLACache.load``).
 
     Always: every value a tensor, ``seen`` a ``[B]`` int64 count ``>= 0``, finite floats,
-    tracked attention (``.acc``) ``>= 0``, and positions ``[B, Hs, N]`` int64 below their row's
+    the slots' tallies (``.acc``: attention mass or kept scores) ``>= 0``, and positions ``[B, Hs, N]`` int64 below their row's
     ``seen``, no position held by two exact slots of a row and storage head. Against
     ``memory`` (see :meth:`LoLAMemory.reference_state`): the same keys (an unknown one is
     refused, a missing one named), the same dtypes (positions int64, keys and values one float
@@ -959,7 +968,7 @@ def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None
         raise ValueError("state['seen'] holds negative counts")
     # Sums of non-negative terms: attention weights, the statistics' decay weights, and the
     # features of a non-negative map (a negative normaliser flips the linear read's sign).
-    sums = {k: "attention weights" for k in state if k.endswith(".acc")}
+    sums = {k: "attention weights or kept scores" for k in state if k.endswith(".acc")}
     if memory is not None and memory.queries is not None:
         sums[f"{memory.queries.name}.n"] = "query weights"
     if memory is not None and isinstance(memory.linear, LinearState) and memory.layout is not None and memory.layout.non_negative:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from lola.memory.base import EMPTY, KVBlock
+from lola.policies.base import keeps_tallies
 
 if TYPE_CHECKING:
     from lola.composer import LoLAMemory
@@ -106,7 +107,7 @@ def page_layout(
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Each page's per-row shape and dtype: ``slots.k``, ``slots.v`` ``[Hs, N, D]`` (``dtype``),
     ``slots.pos`` ``[Hs, N]`` int64, ``slots.acc`` ``[Hs, N]`` float32 (policies that tally
-    attention), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
+    attention or keep scores), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
     statistics' tensors (policies that read them) and, with ``seen``, ``seen`` ``[]`` int64."""
     _require_bindable(memory)
     n = memory.slots.width
@@ -115,7 +116,7 @@ def page_layout(
         "slots.v": ((storage_heads, n, head_dim), dtype),
         "slots.pos": ((storage_heads, n), torch.long),
     }
-    if getattr(memory.policy, "needs_attention", False):
+    if keeps_tallies(memory.policy):
         out["slots.acc"] = ((storage_heads, n), torch.float32)
     out["linear.H"] = ((num_heads, feature_dim, head_dim), torch.float32)
     out["linear.s"] = ((num_heads, feature_dim), torch.float32)

@@ -1,3 +1,6 @@
+import math
+from dataclasses import dataclass
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -5,7 +8,7 @@ from hypothesis import strategies as st
 
 import lola
 from lola.memory import KVBlock
-from lola.policies import Distinct, Fusion, KeyNorm, Recency, SpanPooling, ValueWeighted, zscore
+from lola.policies import Distinct, Fusion, KeyNorm, Recency, ScoredAtExit, SpanPooling, ValueWeighted, zscore
 from lola.policies.combinators import repeats, repeats_reference
 from tests.policies.test_builtin import ctx_for
 
@@ -229,3 +232,123 @@ def test_distinct_validates_and_builds_by_name():
     v = torch.randn(1, 1, 2, 4).expand(1, 12, 2, 4).contiguous()  # one value repeated: the cache keeps one copy
     o, state = attn(torch.randn(1, 12, 2, 4), torch.randn(1, 12, 2, 4), v)
     assert torch.isfinite(o).all()
+
+
+# -- ScoredAtExit ---------------------------------------------------------------------------------
+@dataclass
+class Drawn:
+    """A score drawn afresh at every call (so re-scoring changes the ranking), recording the
+    first score each (row, storage head, position) was given."""
+
+    seed: int = 0
+    needs_attention = False
+
+    def __post_init__(self) -> None:
+        self.gen = torch.Generator().manual_seed(self.seed)
+        self.first: dict[tuple[int, int, int], float] = {}
+
+    def score(self, candidates, ctx):
+        s = torch.rand(candidates.pos.shape, generator=self.gen) * 4 - 1  # negative ones too
+        for b, h, n in candidates.valid.nonzero().tolist():
+            self.first.setdefault((b, h, int(candidates.pos[b, h, n])), float(s[b, h, n]))
+        return s
+
+
+@pytest.fixture(scope="module")
+def drawn():
+    lola.policies.register("drawn_test", Drawn)
+    yield
+    lola.policies.unregister("drawn_test")
+
+
+def run_drawn(policy, policy_kwargs, t, window, sparse, chunk, schedule, seed, b=2):
+    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=1, chunk=chunk, schedule=schedule, policy=policy, policy_kwargs=policy_kwargs)
+    attn = lola.compose(cfg, num_heads=4, head_dim=4, num_kv_heads=2)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, t, h, 4, generator=g) for h in (4, 2, 2))
+    _, state = attn(q, k, v)
+    return state
+
+
+def top_by_first_score(state, drawn):
+    """Per (row, storage head): the ``λ`` positions that left the window with the best first score."""
+    held = lambda block: {(b, h, int(p)) for (b, h, n), p in zip(block.valid.nonzero().tolist(), block.pos[block.valid])}  # noqa: E731
+    in_window, in_sinks = held(state.window.block), held(state.sinks.block)
+    out = {}
+    for (b, h, p), s in drawn.first.items():
+        if (b, h, p) not in in_window and (b, h, p) not in in_sinks:
+            out.setdefault((b, h), []).append((s, p))
+    return {key: sorted(p for _, p in sorted(xs, reverse=True)[: state.sparse.capacity]) for key, xs in out.items()}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    t=st.integers(2, 40),
+    window=st.integers(1, 5),
+    sparse=st.integers(1, 6),
+    chunk=st.integers(1, 4),
+    schedule=st.sampled_from(["chunkwise", "tokenwise"]),
+    seed=st.integers(0, 2**16),
+)
+def test_scored_at_exit_keeps_the_best_first_scores_of_every_token_that_left(drawn, t, window, sparse, chunk, schedule, seed):
+    # Whatever the inner policy says later, the cache is the top-λ, by the score each token got
+    # when it first left the window, of every token that has left it; each slot's tally is that
+    # score, mapped onto (0, inf) in order.
+    state = run_drawn("at_exit", {"policy": "drawn_test", "policy_kwargs": {"seed": seed}}, t, window, sparse, chunk, schedule, seed)
+    recorder = state.policy.parts[0]
+    expected = top_by_first_score(state, recorder)
+    block = state.sparse.block
+    for b in range(block.pos.shape[0]):
+        for h in range(block.pos.shape[1]):
+            kept = block.pos[b, h][block.valid[b, h]]
+            assert sorted(kept.tolist()) == expected.get((b, h), [])
+            for n in block.valid[b, h].nonzero().flatten().tolist():
+                first = recorder.first[(b, h, int(block.pos[b, h, n]))]
+                mapped = first + 1.0 if first >= 0 else math.exp(first)
+                assert float(block.acc[b, h, n]) == pytest.approx(mapped, rel=1e-6)
+
+
+def test_rescoring_every_step_keeps_other_tokens(drawn):
+    # The property above can fail: the inner policy alone, re-scored at every step, does not
+    # keep the best first scores.
+    state = run_drawn("drawn_test", {"seed": 3}, 40, 2, 3, 2, "chunkwise", 3)
+    expected = top_by_first_score(state, state.policy)
+    kept = {(b, h): sorted(state.sparse.block.pos[b, h][state.sparse.block.valid[b, h]].tolist()) for b in range(2) for h in range(2)}
+    assert kept != expected
+
+
+def test_scored_at_exit_state_round_trips_and_is_checked(drawn):
+    state = run_drawn("at_exit", {"policy": "sre"}, 24, 3, 4, 2, "chunkwise", 0)
+    saved = state.state_dict()
+    assert "slots.acc" in saved or any(k.endswith(".acc") for k in saved)
+    lola.composer.check_state(saved, state)
+    bad = {k: (-x if k.endswith(".acc") else x) - (1.0 if k.endswith(".acc") else 0) for k, x in saved.items()}
+    with pytest.raises(ValueError, match="kept scores"):
+        lola.composer.check_state(bad, state)
+
+
+def test_scored_at_exit_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="tallies attention"):
+        ScoredAtExit(policy="attention")
+    with pytest.raises(ValueError, match="outermost"):
+        Distinct(policy="at_exit")
+    with pytest.raises(RuntimeError, match="LoLAMemory"):
+        ScoredAtExit().score(cand_block([[[0, 1]]]), ctx_for(h=1, d=2)[0])
+
+
+@dataclass(frozen=True)
+class KeepsNegative:
+    needs_attention = False
+    keeps_scores = True
+
+    def score(self, candidates, ctx):
+        return -torch.ones(candidates.pos.shape)
+
+
+def test_a_policy_that_keeps_scores_must_keep_non_negative_ones():
+    lola.policies.register("keeps_negative_test", KeepsNegative)
+    try:
+        with pytest.raises((ValueError, RuntimeError), match="finite and >= 0"):
+            run_drawn("keeps_negative_test", {}, 20, 2, 3, 2, "chunkwise", 0)
+    finally:
+        lola.policies.unregister("keeps_negative_test")

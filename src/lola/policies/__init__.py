@@ -3,12 +3,12 @@
 Built-ins are registered as ``"sre"``, ``"attention"``, ``"recency"``, ``"random"``,
 ``"key_norm"``, ``"expected_attention"``, ``"key_diff"`` and ``"learned"`` (a fitted
 :class:`lola.scorers.TokenScorer`); the combinators ``"fusion"``,
-``"value_weighted"``, ``"span"`` and ``"distinct"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
+``"value_weighted"``, ``"span"``, ``"distinct"`` and ``"at_exit"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
 """
 
-from lola.policies.base import ScoringContext, ScoringPolicy
+from lola.policies.base import ScoringContext, ScoringPolicy, keeps_tallies
 from lola.policies.builtin import AttentionMagnitude, KeyNorm, Random, Recency, SelfRecallError
-from lola.policies.combinators import Distinct, Fusion, SpanPooling, ValueWeighted, zscore
+from lola.policies.combinators import Distinct, Fusion, ScoredAtExit, SpanPooling, ValueWeighted, zscore
 from lola.policies.learned import LearnedScore
 from lola.policies.predictive import ExpectedAttention, KeyDiff, average_rope_rotation
 from lola.policies.registry import ENTRY_POINT_GROUP, available, build, get, register, reload_entry_points, unregister
@@ -25,6 +25,7 @@ register("fusion", Fusion)
 register("value_weighted", ValueWeighted)
 register("span", SpanPooling)
 register("distinct", Distinct)
+register("at_exit", ScoredAtExit)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -37,6 +38,7 @@ __all__ = [
     "LearnedScore",
     "Random",
     "Recency",
+    "ScoredAtExit",
     "ScoringContext",
     "ScoringPolicy",
     "SelfRecallError",
@@ -46,6 +48,7 @@ __all__ = [
     "available",
     "build",
     "get",
+    "keeps_tallies",
     "register",
     "reload_entry_points",
     "unregister",

@@ -11,7 +11,7 @@ from lola.memory.base import KVBlock
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 
-__all__ = ["ScoringContext", "ScoringPolicy"]
+__all__ = ["ScoringContext", "ScoringPolicy", "keeps_tallies"]
 
 
 @dataclass
@@ -28,6 +28,8 @@ class ScoringContext:
         layer: the layer's index in its model (``None`` for a standalone layer).
         queries: running statistics of the layer's recent queries (mean, covariance per query
             head), present when the policy sets ``needs_queries = True``; else ``None``.
+        leaving: ``[B, Hs, N]`` bool, the candidates leaving the window at this step (the others
+            are the sparse cache's); ``None`` outside a select-and-evict step.
     """
 
     linear: LinearState
@@ -37,6 +39,7 @@ class ScoringContext:
     scale: float = 1.0
     layer: int | None = None
     queries: QueryStatistics | None = None
+    leaving: torch.Tensor | None = None
     _features: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -87,7 +90,10 @@ class ScoringPolicy(Protocol):
     top-``λ`` valid candidates and folds the rest into the linear state. Scores of empty slots
     are ignored. Set ``needs_attention = True`` to have the composer track the attention mass
     each exact token receives (``candidates.acc``), and ``needs_queries = True`` (optionally
-    with ``query_half_life``) to get running query statistics in ``ctx.queries``.
+    with ``query_half_life``) to get running query statistics in ``ctx.queries``. A policy that
+    sets ``keeps_scores = True`` has the composer keep, in ``candidates.acc``, the score each
+    cached token was last kept with (its scores must then be finite and ``>= 0``; see
+    :class:`~lola.policies.ScoredAtExit`).
     """
 
     needs_attention: bool
@@ -95,3 +101,9 @@ class ScoringPolicy(Protocol):
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         """Score ``candidates`` (``k, v [B, Hs, N, D]``, ``pos [B, Hs, N]``): ``[B, Hs, N]``."""
         ...
+
+
+def keeps_tallies(policy: object) -> bool:
+    """Whether the exact slots carry a float32 tally for ``policy``: the attention mass each
+    received (``needs_attention``) or the score each was kept with (``keeps_scores``)."""
+    return bool(getattr(policy, "needs_attention", False) or getattr(policy, "keeps_scores", False))

@@ -1,4 +1,5 @@
-"""Policies built from other policies: score fusion, value-norm weighting, span pooling, repeats folded.
+"""Policies built from other policies: score fusion, value-norm weighting, span pooling, repeats
+folded, scores kept from the window's exit.
 
 Each wraps registered policies by name (so the whole combination stays a JSON-able
 ``LoLAConfig(policy=..., policy_kwargs=...)``) and asks the composer for whatever its parts
@@ -15,7 +16,7 @@ import torch
 from lola.memory.base import KVBlock
 from lola.policies.base import ScoringContext, ScoringPolicy
 
-__all__ = ["Distinct", "Fusion", "SpanPooling", "ValueWeighted", "zscore"]
+__all__ = ["Distinct", "Fusion", "ScoredAtExit", "SpanPooling", "ValueWeighted", "zscore"]
 
 
 def _build(name: str, kwargs: dict[str, Any]) -> ScoringPolicy:
@@ -23,7 +24,11 @@ def _build(name: str, kwargs: dict[str, Any]) -> ScoringPolicy:
 
     if not isinstance(name, str):
         raise TypeError(f"policy names must be strings, got {name!r}")
-    return build(name, **dict(kwargs))
+    part = build(name, **dict(kwargs))
+    if getattr(part, "keeps_scores", False):
+        # The composer keeps the outermost policy's scores; an inner one's would never be kept.
+        raise ValueError(f"policy {name!r} keeps its scores across steps: it must be the outermost policy, not a part of another")
+    return part
 
 
 def zscore(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -242,3 +247,51 @@ def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, 
     si, sj = scores[..., :, None], scores[..., None, :]
     above = (sj > si) | ((sj == si) & (pos[..., None, :] < pos[..., :, None]))
     return (similar & above & valid[..., None, :]).sum(dim=-1) >= copies
+
+
+def _positive(scores: torch.Tensor) -> torch.Tensor:
+    """A strictly increasing map of the reals onto ``(0, inf)`` (``s + 1`` above 0, ``exp(s)``
+    below): kept scores sit in the slots' non-negative tallies, in the same order."""
+    s = scores.float()
+    return torch.where(s >= 0, s + 1.0, torch.exp(s.clamp_max(0.0)))
+
+
+@dataclass(frozen=True)
+class ScoredAtExit(_Composite):
+    """Score each token once, when it leaves the window, and rank it by that score for as long
+    as it stays in the sparse cache.
+
+    A score read off the linear state (self-recall error) changes as the state does: every
+    step re-scores the cached tokens against a state that has folded more. When a token of
+    a number is folded, the state recalls its near-copies (the number's other digits)
+    better, their error falls, and they follow it out a step at a time (measured at 8K:
+    SRE loses the whole needle in a third to a half of the heads that held it). Here the
+    score a token gets at its exit is the one it keeps; the cache then holds the top-``λ`` of
+    every token that has left the window, by those scores.
+
+    The composer keeps the scores in the slots' tallies (``candidates.acc``), mapped onto
+    ``(0, inf)`` by a strictly increasing function so the order is the inner policy's.
+
+    Args:
+        policy: a registered policy name (one that does not tally attention).
+        policy_kwargs: its keyword arguments.
+    """
+
+    policy: str = "sre"
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    parts: tuple = field(init=False, repr=False, compare=False)
+    keeps_scores = True
+
+    def __post_init__(self) -> None:
+        part = _build(self.policy, self.policy_kwargs)
+        if getattr(part, "needs_attention", False):
+            raise ValueError(f"policy {self.policy!r} tallies attention in the slots where ScoredAtExit keeps its scores: wrap a policy that does not")
+        object.__setattr__(self, "parts", (part,))
+
+    def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
+        if ctx.leaving is None or candidates.acc is None:
+            raise RuntimeError(
+                "ScoredAtExit needs the candidates leaving the window (ctx.leaving) and the kept scores (candidates.acc): run it in a LoLAMemory"
+            )
+        fresh = _positive(self.parts[0].score(candidates, ctx))
+        return torch.where(ctx.leaving, fresh, candidates.acc)

@@ -24,13 +24,15 @@ def _pages(attn: lola.LoLAAttention, state: lola.LoLAMemory, seen: bool = False)
 
 def _live(state: lola.LoLAMemory) -> dict[str, torch.Tensor]:
     w = state.slots.whole
-    return {"slots.k": w.k, "slots.v": w.v, "slots.pos": w.pos, "linear.H": state.linear.H, "linear.s": state.linear.s}
+    live = {"slots.k": w.k, "slots.v": w.v, "slots.pos": w.pos, "linear.H": state.linear.H, "linear.s": state.linear.s}
+    return live if w.acc is None else {**live, "slots.acc": w.acc}
 
 
 CONFIGS = [
     {"sparse_size": 3, "sinks": 2},
     {"sparse_size_per_head": [4, 0], "sinks": 0},
     {"sparse_size": 2, "sinks": 1, "schedule": "tokenwise"},
+    {"sparse_size": 3, "sinks": 1, "policy": "at_exit"},  # scores kept in the slots' tallies
 ]
 
 

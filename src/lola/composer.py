@@ -798,16 +798,29 @@ class LoLAMemory:
         """
         leaving = self.window.pop_oldest(rows)
         candidates = KVBlock.cat([leaving, self.sparse.block])
-        fresh = torch.cat([leaving.valid, torch.zeros_like(self.sparse.block.valid)], dim=-1)
-        ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1, scale=scale, layer=self.layer, queries=self.queries, leaving=fresh)
+        ctx = ScoringContext(self.linear, feature_map_k, self.num_heads, self.seen - 1, scale=scale, layer=self.layer, queries=self.queries, fresh=leaving.size)
         scores = self._score(candidates, ctx) if self.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
         _check_scores(scores, candidates.valid, self.policy)
-        if getattr(self.policy, "keeps_scores", False) and candidates.acc is not None:
-            # The kept tokens carry their scores to the next step (in the slots' tallies).
-            candidates = KVBlock(candidates.k, candidates.v, candidates.pos, scores.float())
+        if getattr(self.policy, "keeps_scores", False) and self.sparse.capacity > 0:
+            # The cached tokens carry the kept scores to the next step, in the slots' tallies.
+            candidates = KVBlock(candidates.k, candidates.v, candidates.pos, self._kept(ctx, candidates))
         evicted = self.sparse.select(candidates, scores, rows)
         g = ctx.group(evicted)
         return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g), ctx.expand_heads(evicted.pos, g)
+
+    def _kept(self, ctx: ScoringContext, candidates: KVBlock) -> torch.Tensor:
+        """The ``[B, Hs, N]`` scores a ``keeps_scores`` policy set in ``ctx.kept``, finite (a state
+        holds finite tallies; an infinite score keeps its place at the float32 limit)."""
+        from lola.policies.registry import describe
+
+        kept = ctx.kept
+        if not isinstance(kept, torch.Tensor) or kept.shape != candidates.pos.shape:
+            got = tuple(kept.shape) if isinstance(kept, torch.Tensor) else type(kept).__name__
+            raise RuntimeError(
+                f"policy {describe(self.policy)} keeps scores but set ctx.kept to {got}, expected a tensor [B, Hs, N] = {tuple(candidates.pos.shape)}"
+            )
+        big = torch.finfo(torch.float32).max
+        return kept.float().clamp(-big, big)
 
     def _score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         """The policy's scores of ``candidates``; a plug-in's failure, or an answer that is not a
@@ -866,11 +879,6 @@ def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> 
     bad = torch.isnan(scores) & valid
     if not require(~bad.any(), f"policy {describe(policy)} returned NaN scores"):
         raise ValueError(f"policy {describe(policy)} returned NaN scores for {int(bad.sum())} candidates")
-    if getattr(policy, "keeps_scores", False):
-        # Kept scores live in the slots' tallies, which a state check holds to finite and >= 0.
-        bad = ~(torch.isfinite(scores) & (scores >= 0)) & valid
-        if not require(~bad.any(), f"policy {describe(policy)} keeps its scores and returned a negative or infinite one"):
-            raise ValueError(f"policy {describe(policy)} keeps its scores, so they must be finite and >= 0; got {int(bad.sum())} that are not")
 
 
 def _layout_of(state: dict[str, torch.Tensor], linear: str, window: str) -> StateLayout | None:
@@ -898,7 +906,9 @@ def _check_layout(state: dict[str, torch.Tensor], memory: LoLAMemory) -> None:
         if all(k.endswith(".acc") for k in missing):
             from lola.policies.registry import describe
 
-            why = f" (the attention mass per slot that policy {describe(memory.policy)} scores by)"
+            kept = getattr(memory.policy, "keeps_scores", False)
+            held = "the score it keeps" if kept else "the attention mass it scores by"
+            why = f" ({held} per slot, for policy {describe(memory.policy)})"
         owners = {m.name: type(m).__name__ for m in memory._stateful()}
         by_part: dict[str, list[str]] = {}
         for key in missing:
@@ -933,7 +943,7 @@ def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None
     every state that comes from outside (:meth:`LoLAMemory.load_state_dict`, ``LoLACache.load``).
 
     Always: every value a tensor, ``seen`` a ``[B]`` int64 count ``>= 0``, finite floats,
-    the slots' tallies (``.acc``: attention mass or kept scores) ``>= 0``, and positions ``[B, Hs, N]`` int64 below their row's
+    the slots' attention tallies (``.acc``, unless ``memory``'s policy keeps scores there) ``>= 0``, and positions ``[B, Hs, N]`` int64 below their row's
     ``seen``, no position held by two exact slots of a row and storage head. Against
     ``memory`` (see :meth:`LoLAMemory.reference_state`): the same keys (an unknown one is
     refused, a missing one named), the same dtypes (positions int64, keys and values one float
@@ -968,7 +978,9 @@ def check_state(state: dict[str, torch.Tensor], memory: LoLAMemory | None = None
         raise ValueError("state['seen'] holds negative counts")
     # Sums of non-negative terms: attention weights, the statistics' decay weights, and the
     # features of a non-negative map (a negative normaliser flips the linear read's sign).
-    sums = {k: "attention weights or kept scores" for k in state if k.endswith(".acc")}
+    # Kept scores (a `keeps_scores` policy) may be negative; attention tallies may not.
+    scores_kept = memory is not None and bool(getattr(memory.policy, "keeps_scores", False))
+    sums = {} if scores_kept else {k: "attention weights" for k in state if k.endswith(".acc")}
     if memory is not None and memory.queries is not None:
         sums[f"{memory.queries.name}.n"] = "query weights"
     if memory is not None and isinstance(memory.linear, LinearState) and memory.layout is not None and memory.layout.non_negative:

@@ -64,7 +64,9 @@ class _UnrotatedReference:
 
 def test_a_model_with_the_learned_policy_equals_the_same_score_written_by_hand(tmp_path):
     """End to end on a tiny model: the learned policy's selections match a policy computing the
-    same score with transformers' rotary module (so the keys' positions line up), and differ from SRE's."""
+    same score with transformers' rotary module (so the keys' positions line up) for every
+    candidate at every step, where the learned policy scores each token once, as it leaves the
+    window, and keeps the score; and they differ from SRE's."""
     model, tok = models.tiny_random()
     rotary = model.model.rotary_emb
     weight = torch.randn(2, 2, 33, generator=torch.Generator().manual_seed(1))

@@ -11,7 +11,7 @@ from lola.memory.base import KVBlock
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 
-__all__ = ["ScoringContext", "ScoringPolicy", "keeps_tallies"]
+__all__ = ["ScoringContext", "ScoringPolicy", "keeps_tallies", "score_leaving"]
 
 
 @dataclass
@@ -28,8 +28,12 @@ class ScoringContext:
         layer: the layer's index in its model (``None`` for a standalone layer).
         queries: running statistics of the layer's recent queries (mean, covariance per query
             head), present when the policy sets ``needs_queries = True``; else ``None``.
-        leaving: ``[B, Hs, N]`` bool, the candidates leaving the window at this step (the others
-            are the sparse cache's); ``None`` outside a select-and-evict step.
+        fresh: in a select-and-evict step, how many candidates lead the block: slots ``[..., :fresh]``
+            hold the tokens leaving the window at this step (empty where a row or head has fewer),
+            the others the sparse cache's; ``None`` outside a step.
+        kept: ``[B, Hs, N]`` float32, set during :meth:`ScoringPolicy.score` by the part of a
+            policy that keeps scores (``keeps_scores``): what the composer stores in the slots'
+            tallies for the next step (``candidates.acc`` then).
     """
 
     linear: LinearState
@@ -39,7 +43,8 @@ class ScoringContext:
     scale: float = 1.0
     layer: int | None = None
     queries: QueryStatistics | None = None
-    leaving: torch.Tensor | None = None
+    fresh: int | None = None
+    kept: torch.Tensor | None = field(default=None, init=False)
     _features: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -91,9 +96,9 @@ class ScoringPolicy(Protocol):
     are ignored. Set ``needs_attention = True`` to have the composer track the attention mass
     each exact token receives (``candidates.acc``), and ``needs_queries = True`` (optionally
     with ``query_half_life``) to get running query statistics in ``ctx.queries``. A policy that
-    sets ``keeps_scores = True`` has the composer keep, in ``candidates.acc``, the score each
-    cached token was last kept with (its scores must then be finite and ``>= 0``; see
-    :class:`~lola.policies.ScoredAtExit`).
+    sets ``keeps_scores = True`` (one of its parts, :class:`~lola.policies.ScoredAtExit`, sets
+    ``ctx.kept`` while scoring) has the composer keep those values in the slots' tallies, and
+    read them back as ``candidates.acc`` at the next step.
     """
 
     needs_attention: bool
@@ -105,5 +110,30 @@ class ScoringPolicy(Protocol):
 
 def keeps_tallies(policy: object) -> bool:
     """Whether the exact slots carry a float32 tally for ``policy``: the attention mass each
-    received (``needs_attention``) or the score each was kept with (``keeps_scores``)."""
+    received (``needs_attention``) or a score kept for it (``keeps_scores``)."""
     return bool(getattr(policy, "needs_attention", False) or getattr(policy, "keeps_scores", False))
+
+
+def score_leaving(candidates: KVBlock, ctx: ScoringContext, score: Callable[[KVBlock], torch.Tensor], who: str) -> torch.Tensor:
+    """Scores of ``candidates [B, Hs, N]`` where only the tokens leaving the window at this step
+    (``candidates[..., :ctx.fresh]``) are scored, by ``score(block) -> [B, Hs, M]``, and the
+    sparse cache's are the scores kept for them (``candidates.acc``); the result is also set as
+    ``ctx.kept``, for the composer to keep. The one way a ``keeps_scores`` policy scores.
+
+    Raises:
+        RuntimeError: outside a select-and-evict step (no ``ctx.fresh`` or no kept scores), or
+            when another part of the policy kept scores at this step already.
+        ValueError: ``score`` returned another shape (named by ``who``).
+    """
+    if ctx.fresh is None or candidates.acc is None:
+        raise RuntimeError(f"{who} scores the tokens leaving the window (ctx.fresh) and keeps the others' scores (candidates.acc): run it in a LoLAMemory")
+    if ctx.kept is not None:
+        raise RuntimeError("two parts of the policy keep scores (ctx.kept is set already): one part of a policy keeps scores")
+    m = ctx.fresh
+    leaving = KVBlock(candidates.k[..., :m, :], candidates.v[..., :m, :], candidates.pos[..., :m], candidates.acc[..., :m])
+    fresh = score(leaving)
+    if not isinstance(fresh, torch.Tensor) or fresh.shape != leaving.pos.shape:
+        got = tuple(fresh.shape) if isinstance(fresh, torch.Tensor) else type(fresh).__name__
+        raise ValueError(f"{who} returned {got} for the {m} tokens leaving the window, expected {tuple(leaving.pos.shape)}")
+    ctx.kept = torch.cat([fresh.float(), candidates.acc[..., m:]], dim=-1)
+    return ctx.kept

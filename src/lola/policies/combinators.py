@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lola.memory.base import KVBlock
-from lola.policies.base import ScoringContext, ScoringPolicy
+from lola.policies.base import ScoringContext, ScoringPolicy, score_leaving
 
 __all__ = ["Distinct", "Fusion", "ScoredAtExit", "SpanPooling", "ValueWeighted", "zscore"]
 
@@ -24,11 +24,7 @@ def _build(name: str, kwargs: dict[str, Any]) -> ScoringPolicy:
 
     if not isinstance(name, str):
         raise TypeError(f"policy names must be strings, got {name!r}")
-    part = build(name, **dict(kwargs))
-    if getattr(part, "keeps_scores", False):
-        # The composer keeps the outermost policy's scores; an inner one's would never be kept.
-        raise ValueError(f"policy {name!r} keeps its scores across steps: it must be the outermost policy, not a part of another")
-    return part
+    return build(name, **dict(kwargs))
 
 
 def zscore(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -49,6 +45,13 @@ class _Composite:
     @property
     def needs_attention(self) -> bool:
         return any(getattr(p, "needs_attention", False) for p in self.parts)
+
+    @property
+    def keeps_scores(self) -> bool:
+        keepers = sum(bool(getattr(p, "keeps_scores", False)) for p in self.parts)
+        if keepers > 1:
+            raise ValueError(f"{keepers} parts of {self!r} keep scores: one part of a policy keeps scores")
+        return keepers == 1
 
     @property
     def needs_queries(self) -> bool:
@@ -85,6 +88,8 @@ class Fusion(_Composite):
                 raise ValueError(f"{name} must have one entry per policy ({len(self.policies)}), got {len(given)}")
         kwargs = self.kwargs or [{} for _ in self.policies]
         object.__setattr__(self, "parts", tuple(_build(n, k) for n, k in zip(self.policies, kwargs)))
+        if self.keeps_scores and self.needs_attention:  # (keeps_scores refuses two keepers)
+            raise ValueError(f"policies {self.policies}: a part keeps scores in the slots' tallies where another tallies attention")
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         weights = self.weights or [1.0] * len(self.parts)
@@ -249,13 +254,6 @@ def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, 
     return (similar & above & valid[..., None, :]).sum(dim=-1) >= copies
 
 
-def _positive(scores: torch.Tensor) -> torch.Tensor:
-    """A strictly increasing map of the reals onto ``(0, inf)`` (``s + 1`` above 0, ``exp(s)``
-    below): kept scores sit in the slots' non-negative tallies, in the same order."""
-    s = scores.float()
-    return torch.where(s >= 0, s + 1.0, torch.exp(s.clamp_max(0.0)))
-
-
 @dataclass(frozen=True)
 class ScoredAtExit(_Composite):
     """Score each token once, when it leaves the window, and rank it by that score for as long
@@ -269,8 +267,13 @@ class ScoredAtExit(_Composite):
     score a token gets at its exit is the one it keeps; the cache then holds the top-``λ`` of
     every token that has left the window, by those scores.
 
-    The composer keeps the scores in the slots' tallies (``candidates.acc``), mapped onto
-    ``(0, inf)`` by a strictly increasing function so the order is the inner policy's.
+    The inner policy scores only the tokens leaving the window (``candidates[..., :ctx.fresh]``,
+    against what it can see at that step); the cached tokens' scores are read from the slots'
+    tallies, where the composer keeps them (``ctx.kept``). For a score that depends only on the
+    token (key norms) the ranking is the inner policy's, at the cost of scoring each token once
+    instead of at every step (the learned scorer does this itself). It may sit inside other combinations
+    (``distinct`` over ``at_exit`` keeps the learned scores and folds repeats at every step);
+    one part of a policy keeps scores.
 
     Args:
         policy: a registered policy name (one that does not tally attention).
@@ -280,18 +283,18 @@ class ScoredAtExit(_Composite):
     policy: str = "sre"
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     parts: tuple = field(init=False, repr=False, compare=False)
-    keeps_scores = True
 
     def __post_init__(self) -> None:
         part = _build(self.policy, self.policy_kwargs)
         if getattr(part, "needs_attention", False):
             raise ValueError(f"policy {self.policy!r} tallies attention in the slots where ScoredAtExit keeps its scores: wrap a policy that does not")
+        if getattr(part, "keeps_scores", False):
+            raise ValueError(f"policy {self.policy!r} keeps its scores already (one part of a policy keeps scores): use it without at_exit")
         object.__setattr__(self, "parts", (part,))
 
+    @property
+    def keeps_scores(self) -> bool:
+        return True
+
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
-        if ctx.leaving is None or candidates.acc is None:
-            raise RuntimeError(
-                "ScoredAtExit needs the candidates leaving the window (ctx.leaving) and the kept scores (candidates.acc): run it in a LoLAMemory"
-            )
-        fresh = _positive(self.parts[0].score(candidates, ctx))
-        return torch.where(ctx.leaving, fresh, candidates.acc)
+        return score_leaving(candidates, ctx, lambda block: self.parts[0].score(block, ctx), f"ScoredAtExit({self.policy!r})")

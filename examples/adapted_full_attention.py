@@ -9,6 +9,7 @@ at positions four times past the 2K they were trained at). One JSON line per sam
 interrupted run resumes from the file.
 
     python examples/adapted_full_attention.py --feature-maps smollm2-135m-instruct --lengths 8192 --samples 20 --out results/adapted-full-8k.jsonl
+    python examples/adapted_full_attention.py --feature-maps smollm2-135m-instruct --haystack-file prose.txt --lengths 4096 --samples 20 --out results/adapted-full-prose-4k.jsonl
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192])
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--haystack-file", default=None, help="a text whose sentences replace the noise haystack (as `lola niah --haystack-file`)")
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per sample (appended to: a run resumes)")
     args = ap.parse_args()
 
@@ -45,13 +47,16 @@ def main() -> None:
     assert maps.lora is not None, f"{args.feature_maps} has no LoRA adapters: full attention on its weights is the stock model's (lola niah --methods full)"
     model, tok = models.load(args.model)
     merge_lora(model, maps.lora, maps.lora_spec)
-    run = NiahRun(model=args.model, task=args.task, lengths=args.lengths, samples=args.samples, seed=args.seed, methods=["full"])
+    run = NiahRun(
+        model=args.model, task=args.task, lengths=args.lengths, samples=args.samples, seed=args.seed, methods=["full"], haystack_file=args.haystack_file
+    )
     prompts = niah_prompts(run, tok)
     done = {}
     if args.out.exists():
         for line in args.out.read_text().splitlines():
             rec = json.loads(line)
-            assert rec["seed"] == args.seed and rec["task"] == args.task, f"{args.out} holds another run's samples (seed {rec['seed']}, task {rec['task']})"
+            same = rec["seed"] == args.seed and rec["task"] == args.task and rec.get("haystack_file") == args.haystack_file
+            assert same, f"{args.out} holds another run's samples (seed {rec['seed']}, task {rec['task']}, haystack {rec.get('haystack_file')})"
             done[(rec["length"], rec["index"])] = rec
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +78,7 @@ def main() -> None:
             rec = {
                 "task": args.task,
                 "seed": args.seed,
+                "haystack_file": args.haystack_file,
                 "length": n,
                 "index": i,
                 "depth": s.depth,

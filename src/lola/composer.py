@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from lola.core.checks import require
+from lola.core.checks import reads_back, require
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
 from lola.memory.base import ExactStore, KVBlock, LinearMemory, QueryBlock, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
@@ -804,7 +804,7 @@ class LoLAMemory:
         if getattr(self.policy, "keeps_scores", False) and self.sparse.capacity > 0:
             # The cached tokens carry the kept scores to the next step, in the slots' tallies.
             candidates = KVBlock(candidates.k, candidates.v, candidates.pos, self._kept(ctx, candidates))
-        evicted = self.sparse.select(candidates, scores, rows)
+        evicted = _compact(self.sparse.select(candidates, scores, rows))
         g = ctx.group(evicted)
         return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g), ctx.expand_heads(evicted.pos, g)
 
@@ -868,6 +868,20 @@ def _describe(part: object) -> str:
     if type(part).__repr__ is object.__repr__:
         return f"{type(part).__module__}.{type(part).__qualname__}(capacity={getattr(part, 'capacity', None)})"
     return repr(part)
+
+
+def _compact(block: KVBlock) -> KVBlock:
+    """On a host device, ``block``'s tokens moved to the front of its slots, ``[B, Hs, E]`` with
+    ``E`` the most any (row, head) holds: a step evicts about as many tokens as left the window,
+    out of the window's and the whole cache's slots, so the features and the fold cost ``E``
+    slots, not all of them. On an accelerator the block as it is (``E`` would be read back)."""
+    valid = block.valid
+    if not reads_back(valid.device) or valid.numel() == 0:
+        return block
+    e = int(valid.sum(-1).amax())
+    if e == valid.shape[-1]:
+        return block
+    return block.gather(torch.argsort((~valid).to(torch.uint8), dim=-1, stable=True)[..., :e])
 
 
 def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> None:

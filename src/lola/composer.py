@@ -523,7 +523,7 @@ class LoLAMemory:
             q: ``[B, H, 1, D]``; fq: ``[B, H, 1, F]`` (``None`` with ``softmax_only``);
             k, v: ``[B, Hs, 1, D]``.
             scale: softmax scale; feature_map_k: ``φ`` for keys.
-            gate: ``[H]`` softmax weight per head; mixing: a :data:`lola.kernels.MIXING_RULES` name.
+            gate: ``[H]`` softmax weight per head; mixing: a :data:`lola.core.mixing.MIXING_RULES` name.
 
         Returns:
             ``[B, H, D]`` float32 outputs.

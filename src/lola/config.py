@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, field_validator, model_validator
 
+from lola.core.mixing import MIXING_NAMES
 from lola.errors import short_repr
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, FEATURE_MAPS
 from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_SCALE, MAX_TOKENS
@@ -104,7 +105,7 @@ class LoLAConfig(BaseModel):
     schedule_kwargs: dict[str, Any] = Field(default_factory=dict)
     policy: str = "sre"
     policy_kwargs: dict[str, Any] = Field(default_factory=dict)
-    mixing: Literal["lolcats", "lola_authors", "softmax_only"] = "softmax_only"
+    mixing: Literal[MIXING_NAMES] = "softmax_only"
     affine: StrictBool = False
     linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None

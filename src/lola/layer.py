@@ -15,10 +15,9 @@ from torch import nn
 from lola.composer import LoLAMemory, StateLayout
 from lola.config import LoLAConfig
 from lola.core.checks import require
-from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix
+from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix, mixing_weights
 from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.feature_maps import FeatureMap, build_feature_map
-from lola.kernels.decode_step.reference import mixing_weights
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
@@ -63,7 +62,7 @@ class ObservedCall:
 
     def log_masses(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(exact, linear)``, each ``[B, H, T]``: the natural logs of the two masses the rule
-        adds in its denominator, ``a·E_den`` and ``b·L_den`` (:func:`lola.kernels.decode_step.reference.mixing_weights`),
+        adds in its denominator, ``a·E_den`` and ``b·L_den`` (:func:`lola.core.mixing.mixing_weights`),
         unscaled (``lola_authors``: ``w·Σ e^{s}`` and ``(1 − w)·φ(q)ᵀs``); ``-inf`` where a
         part is empty, and the linear part is ``-inf`` for ``softmax_only``."""
         e_den = self.exact.den.float()

@@ -217,7 +217,7 @@ class DecodeRead:
         memory: the layer's state.
         q: ``[B, H, 1, D]``; fq: ``[B, H, 1, F]``, or ``None`` (``softmax_only``).
         scale: softmax scale; gate: ``[H]`` softmax weight per head; mixing: a
-            :data:`lola.kernels.MIXING_RULES` name.
+            :data:`lola.core.mixing.MIXING_RULES` name.
     """
 
     def __init__(self, memory: "LoLAMemory", q: torch.Tensor, fq: torch.Tensor | None, scale: float, gate: torch.Tensor, mixing: str) -> None:

@@ -107,7 +107,7 @@ def repeats_by_loops(v, scores, pos, valid, threshold, needed=1):
                     cos = float(a @ c / (a.norm().clamp_min(1e-12) * c.norm().clamp_min(1e-12)))
                     if ranked_above and cos >= threshold - 1e-5:
                         count[bi, hi, i] += 1
-    return count >= needed
+    return (count >= needed) & valid  # an empty slot repeats nothing
 
 
 @settings(max_examples=60)
@@ -166,6 +166,34 @@ def test_repeats_equal_the_pairwise_masks_at_a_cache_s_size(n, copies, empty, ti
     pos[..., : min(empty, n)] = -1  # empty slots (invalid, several at one position)
     valid = pos >= 0
     assert torch.equal(repeats(v, scores, pos, valid, threshold, needed), repeats_reference(v, scores, pos, valid, threshold, needed))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 120),
+    ends=st.lists(st.integers(0, 120), min_size=6, max_size=6),
+    accelerator=st.booleans(),
+    needed=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_repeats_of_ragged_heads_equal_the_pairwise_masks(n, ends, accelerator, needed, seed):
+    """Property: heads whose tokens end at different slots (per-head budgets: empty slots after
+    each head's last token) flag what every pair compared does, whether each (row, head) is
+    compared up to its last token (host devices) or over every slot (accelerators)."""
+    import lola.core.checks as checks
+
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(2, 3, n, 4, generator=g)
+    v[..., 1::3, :] = v[..., ::3, :][..., : v[..., 1::3, :].shape[-2], :] + 0.01  # near-copies
+    scores = torch.randn(2, 3, n, generator=g)
+    pos = torch.stack([torch.randperm(n, generator=g) for _ in range(6)]).view(2, 3, n)
+    for i, e in enumerate(ends):
+        pos.view(6, n)[i, min(e, n) :] = -1
+    valid = pos >= 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checks, "HOST_DEVICES", frozenset() if accelerator else checks.HOST_DEVICES)
+        found = repeats(v, scores, pos, valid, 0.9, needed)
+    assert torch.equal(found, repeats_reference(v, scores, pos, valid, 0.9, needed))
 
 
 @settings(max_examples=60)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
+from lola.core.mixing import MIXING_NAMES
 from lola.demo import Seed
 from lola.eval.niah import check_templates
 from lola.methods import METHODS, method_config
@@ -60,7 +61,7 @@ class NiahRun(BaseModel):
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
     # None: softmax_only, or with feature_maps lola.resolve's default (lola_authors for LoLA, the
     # trained rule for the hybrid).
-    mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
+    mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for lolcats)"
     )
     linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(

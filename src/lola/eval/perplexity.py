@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
+from lola.core.mixing import MIXING_NAMES
 from lola.methods import METHODS, method_config
 from lola.resolve import resolve_config
 
@@ -59,7 +60,7 @@ class PerplexityRun(BaseModel):
         None,
         description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)",
     )
-    mixing: Literal["lolcats", "lola_authors", "softmax_only"] | None = Field(
+    mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.resolve's default, the same)"
     )
     # Uniform by default: the perplexities in docs/results.md were measured with uniform sizes.

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from lola.core.checks import reads_back
 from lola.memory.base import KVBlock
 from lola.policies.base import ScoringContext, ScoringPolicy, score_leaving
 
@@ -206,7 +207,7 @@ class Distinct(_Composite):
 
 
 def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float, copies: int = 1) -> torch.Tensor:
-    """``[B, Hs, N]`` bool: candidate ``i`` repeats at least ``copies`` valid candidates ``j``
+    """``[B, Hs, N]`` bool: valid candidate ``i`` repeats at least ``copies`` valid candidates ``j``
     ranked above it (``scores[j] > scores[i]``, or equal and ``pos[j] < pos[i]``) whose values
     have cosine similarity ``>= threshold`` with its own. ``O(N²)`` per head, for the few
     hundred to few thousand candidates of one update.
@@ -224,10 +225,28 @@ def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: tor
         valid: ``[B, Hs, N]`` real candidates.
         copies: near-copies ranked above that make a repeat.
     """
-    # Within float32's rounding of the threshold counts as reaching it (threshold 1 = same direction).
-    cut = threshold - 1e-5
     if scores.shape[-1] == 0:
         return torch.zeros_like(valid)
+    if reads_back(valid.device):
+        # Per-head budgets leave each head's candidates ragged: a (row, head) is compared over
+        # its slots up to its last token only (empty slots repeat nothing), not the widest head's.
+        n = valid.shape[-1]
+        ends = (torch.arange(1, n + 1, device=valid.device) * valid).amax(-1).tolist()  # [B][Hs]
+        if sum(e * e for row in ends for e in row) < 0.75 * len(ends) * len(ends[0]) * n * n:
+            out = torch.zeros_like(valid)
+            for b, row in enumerate(ends):
+                for h, e in enumerate(row):
+                    if e:
+                        one = (slice(b, b + 1), slice(h, h + 1), slice(0, e))
+                        out[one] = _repeats_dense(v[one], scores[one], pos[one], valid[one], threshold, copies)
+            return out
+    return _repeats_dense(v, scores, pos, valid, threshold, copies)
+
+
+def _repeats_dense(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float, copies: int) -> torch.Tensor:
+    """:func:`repeats` over every slot of every (row, head) at once."""
+    # Within float32's rounding of the threshold counts as reaching it (threshold 1 = same direction).
+    cut = threshold - 1e-5
     # Rank order: by position, then (stably) by score, highest first.
     order = torch.sort(pos, dim=-1, stable=True).indices
     order = order.gather(-1, torch.sort(scores.gather(-1, order), dim=-1, descending=True, stable=True).indices)
@@ -242,7 +261,7 @@ def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: tor
         above = torch.ones(sim.shape[-1], sim.shape[-1], dtype=torch.bool, device=sim.device).tril_(-1)
         sim.masked_fill_(~(above & ranked_valid[..., None, :]), -2.0)
     repeated = sim.amax(dim=-1) >= cut if copies == 1 else (sim >= cut).sum(dim=-1) >= copies
-    return torch.zeros_like(valid).scatter_(-1, order, repeated)
+    return torch.zeros_like(valid).scatter_(-1, order, repeated & ranked_valid)
 
 
 def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float, copies: int = 1) -> torch.Tensor:
@@ -251,7 +270,7 @@ def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, 
     similar = unit @ unit.transpose(-1, -2) >= threshold - 1e-5  # [B, Hs, N(i), N(j)]
     si, sj = scores[..., :, None], scores[..., None, :]
     above = (sj > si) | ((sj == si) & (pos[..., None, :] < pos[..., :, None]))
-    return (similar & above & valid[..., None, :]).sum(dim=-1) >= copies
+    return ((similar & above & valid[..., None, :]).sum(dim=-1) >= copies) & valid
 
 
 @dataclass(frozen=True)

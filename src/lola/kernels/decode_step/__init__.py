@@ -6,9 +6,10 @@ from typing import Optional
 
 import torch
 
+from lola.core.mixing import MIXING_RULES, check_mixing, mix_partials
+
 from ..dispatch import implementation
 from ..utils import ShapeChecker, check_float, check_fp32, check_integer, check_same_device
-from .reference import MIXING_RULES, check_mixing, linear_share, mix_partials, mixing_weights
 
 
 def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
@@ -57,7 +58,7 @@ def decode_step(
 
     Exact part: softmax partials of ``q`` over every non-empty cache slot (``k_pos >= 0``).
     Linear part: ``L_num = fq^T H``, ``L_den = fq^T s``. Mixed by ``mixing`` (see
-    :func:`lola.kernels.decode_step.reference.mix_partials`); a zero denominator gives 0.
+    :func:`lola.core.mixing.mix_partials`); a zero denominator gives 0.
 
     Args:
         q: ``[B, H, D]`` query (fp32/fp16/bf16).
@@ -81,4 +82,4 @@ def decode_step(
     return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale)
 
 
-__all__ = ["decode_step", "mix_partials", "mixing_weights", "linear_share", "MIXING_RULES", "check_inputs"]
+__all__ = ["decode_step", "mix_partials", "MIXING_RULES", "check_inputs"]

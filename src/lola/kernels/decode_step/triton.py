@@ -15,9 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from lola.core.mixing import check_mixing
+
 from ..triton_utils import autotune_configs, device_guard, dot
 from ..utils import block_size, common_float_dtype, dot_precision
-from .reference import check_mixing
 
 
 @triton.autotune(

@@ -22,7 +22,7 @@ from tests.oracles import (
     step_decay_weights,
 )
 
-POLICIES = ["sre", "attention", "recency", "random", "key_norm", "expected_attention", "key_diff", "fusion", "span", "at_exit"]
+POLICIES = ["sre", "attention", "recency", "random", "key_norm", "expected_attention", "key_diff", "fusion", "span", "at_exit", "peak"]
 FEATURE_MAPS = ["hedgehog_identity", "elu", "hedgehog", "taylor"]
 
 

@@ -1,3 +1,4 @@
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 
 import lola
 from lola.memory import KVBlock
-from lola.policies import Distinct, Fusion, KeyNorm, Recency, ScoredAtExit, SpanPooling, ValueWeighted, zscore
+from lola.policies import Distinct, Fusion, KeyNorm, PeakScore, Recency, ScoredAtExit, SpanPooling, ValueWeighted, zscore
 from lola.policies.combinators import repeats, repeats_reference
 from tests.policies.test_builtin import ctx_for
 
@@ -281,11 +282,26 @@ class Drawn:
         return s
 
 
+@dataclass
+class DrawnAll(Drawn):
+    """:class:`Drawn`, recording the highest score each token was given."""
+
+    def score(self, candidates, ctx):
+        s = super().score(candidates, ctx)
+        self.peak = getattr(self, "peak", {})
+        for b, h, n in candidates.valid.nonzero().tolist():
+            key = (b, h, int(candidates.pos[b, h, n]))
+            self.peak[key] = max(self.peak.get(key, -math.inf), float(s[b, h, n]))
+        return s
+
+
 @pytest.fixture(scope="module")
 def drawn():
     lola.policies.register("drawn_test", Drawn)
+    lola.policies.register("drawn_all_test", DrawnAll)
     yield
     lola.policies.unregister("drawn_test")
+    lola.policies.unregister("drawn_all_test")
 
 
 def run_drawn(policy, policy_kwargs, t, window, sparse, chunk, schedule, seed, b=2):
@@ -331,6 +347,30 @@ def test_scored_at_exit_keeps_the_best_first_scores_of_every_token_that_left(dra
             assert sorted(kept.tolist()) == expected.get((b, h), [])
             for n in block.valid[b, h].nonzero().flatten().tolist():
                 assert float(block.acc[b, h, n]) == recorder.first[(b, h, int(block.pos[b, h, n]))]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    t=st.integers(2, 40),
+    window=st.integers(1, 5),
+    sparse=st.integers(1, 6),
+    chunk=st.integers(1, 4),
+    schedule=st.sampled_from(["chunkwise", "tokenwise"]),
+    seed=st.integers(0, 2**16),
+)
+def test_peak_score_ranks_a_cached_token_by_its_highest_score(drawn, t, window, sparse, chunk, schedule, seed):
+    # Every candidate is scored at every step; a cached token's tally (its rank) is the highest
+    # score it was given since it left the window, and the cache holds the top-λ of the last
+    # step's candidates by those ranks.
+    state = run_drawn("peak", {"policy": "drawn_all_test", "policy_kwargs": {"seed": seed}}, t, window, sparse, chunk, schedule, seed)
+    recorder = state.policy.parts[0]
+    block = state.sparse.block
+    for b, h, n in block.valid.nonzero().tolist():
+        assert float(block.acc[b, h, n]) == recorder.peak[(b, h, int(block.pos[b, h, n]))]
+    with pytest.raises(ValueError, match="keeps its scores already"):
+        PeakScore(policy="learned", policy_kwargs={"scorer": "smollm2-135m-instruct"})
+    with pytest.raises(ValueError, match="tallies attention"):
+        PeakScore(policy="attention")
 
 
 def test_rescoring_every_step_keeps_other_tokens(drawn):

@@ -3,12 +3,12 @@
 Built-ins are registered as ``"sre"``, ``"attention"``, ``"recency"``, ``"random"``,
 ``"key_norm"``, ``"expected_attention"``, ``"key_diff"`` and ``"learned"`` (a fitted
 :class:`lola.scorers.TokenScorer`); the combinators ``"fusion"``,
-``"value_weighted"``, ``"span"``, ``"distinct"`` and ``"at_exit"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
+``"value_weighted"``, ``"span"``, ``"distinct"``, ``"at_exit"`` and ``"peak"`` build on any of them by name. Add your own with :func:`register` or the ``lola.policies`` entry point.
 """
 
 from lola.policies.base import ScoringContext, ScoringPolicy, keeps_tallies
 from lola.policies.builtin import AttentionMagnitude, KeyNorm, Random, Recency, SelfRecallError
-from lola.policies.combinators import Distinct, Fusion, ScoredAtExit, SpanPooling, ValueWeighted, zscore
+from lola.policies.combinators import Distinct, Fusion, PeakScore, ScoredAtExit, SpanPooling, ValueWeighted, zscore
 from lola.policies.learned import LearnedScore
 from lola.policies.predictive import ExpectedAttention, KeyDiff, average_rope_rotation
 from lola.policies.registry import ENTRY_POINT_GROUP, available, build, get, register, reload_entry_points, unregister
@@ -26,6 +26,7 @@ register("value_weighted", ValueWeighted)
 register("span", SpanPooling)
 register("distinct", Distinct)
 register("at_exit", ScoredAtExit)
+register("peak", PeakScore)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -36,6 +37,7 @@ __all__ = [
     "KeyDiff",
     "KeyNorm",
     "LearnedScore",
+    "PeakScore",
     "Random",
     "Recency",
     "ScoredAtExit",

@@ -11,7 +11,7 @@ from lola.memory.base import KVBlock
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 
-__all__ = ["ScoringContext", "ScoringPolicy", "keeps_tallies", "score_leaving"]
+__all__ = ["ScoringContext", "ScoringPolicy", "check_keeping", "keeps_tallies", "score_leaving"]
 
 
 @dataclass
@@ -125,11 +125,7 @@ def score_leaving(candidates: KVBlock, ctx: ScoringContext, score: Callable[[KVB
             when another part of the policy kept scores at this step already.
         ValueError: ``score`` returned another shape (named by ``who``).
     """
-    if ctx.fresh is None or candidates.acc is None:
-        raise RuntimeError(f"{who} scores the tokens leaving the window (ctx.fresh) and keeps the others' scores (candidates.acc): run it in a LoLAMemory")
-    if ctx.kept is not None:
-        raise RuntimeError("two parts of the policy keep scores (ctx.kept is set already): one part of a policy keeps scores")
-    m = ctx.fresh
+    m = check_keeping(candidates, ctx, who)
     leaving = KVBlock(candidates.k[..., :m, :], candidates.v[..., :m, :], candidates.pos[..., :m], candidates.acc[..., :m])
     fresh = score(leaving)
     if not isinstance(fresh, torch.Tensor) or fresh.shape != leaving.pos.shape:
@@ -137,3 +133,18 @@ def score_leaving(candidates: KVBlock, ctx: ScoringContext, score: Callable[[KVB
         raise ValueError(f"{who} returned {got} for the {m} tokens leaving the window, expected {tuple(leaving.pos.shape)}")
     ctx.kept = torch.cat([fresh.float(), candidates.acc[..., m:]], dim=-1)
     return ctx.kept
+
+
+def check_keeping(candidates: KVBlock, ctx: ScoringContext, who: str) -> int:
+    """``ctx.fresh`` (the candidates leaving the window lead the block), after checking that a
+    policy that keeps scores runs in a select-and-evict step with its kept scores
+    (``candidates.acc``) and that no other part kept scores at this step.
+
+    Raises:
+        RuntimeError: naming ``who``, outside a step or when ``ctx.kept`` is set already.
+    """
+    if ctx.fresh is None or candidates.acc is None:
+        raise RuntimeError(f"{who} keeps scores across steps (candidates.acc) for the tokens that left the window (ctx.fresh): run it in a LoLAMemory")
+    if ctx.kept is not None:
+        raise RuntimeError("two parts of the policy keep scores (ctx.kept is set already): one part of a policy keeps scores")
+    return ctx.fresh

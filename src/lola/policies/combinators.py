@@ -1,5 +1,5 @@
 """Policies built from other policies: score fusion, value-norm weighting, span pooling, repeats
-folded, scores kept from the window's exit.
+folded, scores kept from the window's exit or at their peak.
 
 Each wraps registered policies by name (so the whole combination stays a JSON-able
 ``LoLAConfig(policy=..., policy_kwargs=...)``) and asks the composer for whatever its parts
@@ -15,9 +15,9 @@ import torch
 
 from lola.core.checks import reads_back
 from lola.memory.base import KVBlock
-from lola.policies.base import ScoringContext, ScoringPolicy, score_leaving
+from lola.policies.base import ScoringContext, ScoringPolicy, check_keeping, score_leaving
 
-__all__ = ["Distinct", "Fusion", "ScoredAtExit", "SpanPooling", "ValueWeighted", "zscore"]
+__all__ = ["Distinct", "Fusion", "PeakScore", "ScoredAtExit", "SpanPooling", "ValueWeighted", "zscore"]
 
 
 def _build(name: str, kwargs: dict[str, Any]) -> ScoringPolicy:
@@ -317,3 +317,44 @@ class ScoredAtExit(_Composite):
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         return score_leaving(candidates, ctx, lambda block: self.parts[0].score(block, ctx), f"ScoredAtExit({self.policy!r})")
+
+
+@dataclass(frozen=True)
+class PeakScore(_Composite):
+    """Rank a cached token by the highest score its inner policy has given it since it left the
+    window: every candidate is scored at every step, on the current state's scale, but a
+    cached token's score does not fall.
+
+    Between re-scoring every step (self-recall error erodes a cached needle: once a digit of a
+    number is folded the state recalls its near-copies better and they follow it out) and
+    scoring once at the window's exit (:class:`ScoredAtExit`: scores taken against states of
+    different sizes are not comparable, and at length the cache fills with the newest tokens),
+    this keeps the current scale for the tokens leaving the window and a floor for the cached.
+
+    Args:
+        policy: a registered policy name (one that does not tally attention or keep scores).
+        policy_kwargs: its keyword arguments.
+    """
+
+    policy: str = "sre"
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    parts: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        part = _build(self.policy, self.policy_kwargs)
+        if getattr(part, "needs_attention", False):
+            raise ValueError(f"policy {self.policy!r} tallies attention in the slots where PeakScore keeps its scores: wrap a policy that does not")
+        if getattr(part, "keeps_scores", False):
+            raise ValueError(f"policy {self.policy!r} keeps its scores already (one part of a policy keeps scores): use it without peak")
+        object.__setattr__(self, "parts", (part,))
+
+    @property
+    def keeps_scores(self) -> bool:
+        return True
+
+    def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
+        m = check_keeping(candidates, ctx, f"PeakScore({self.policy!r})")
+        now = self.parts[0].score(candidates, ctx).float()
+        cached = torch.arange(now.shape[-1], device=now.device) >= m
+        ctx.kept = torch.where(cached, torch.maximum(now, candidates.acc), now)
+        return ctx.kept

@@ -105,7 +105,7 @@ def lola_config(name: str, model: str) -> lola.LoLAConfig:
         return lola.LoLAConfig(window=64, sparse_size=64, sinks=4, chunk=64, policy="sre")
     from lola.eval.niah_spec import NiahRun
     from lola.methods import method_config
-    from lola.resolve import resolve_config
+    from lola.pretrained.resolve import resolve_config
 
     d = {f: NiahRun.model_fields[f].default for f in ("window", "sparse_size", "sinks", "chunk")}
     base = method_config("lola", policy="sre", trained_maps=False, **d)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from lola import models
-from lola.data import load_split
+from lola.data.text import load_split
 
 
 def working_tree_bytes() -> int:

@@ -17,7 +17,7 @@ import argparse
 import torch
 
 import lola
-from lola.resolve import resolve_config
+from lola.pretrained.resolve import resolve_config
 
 SHAPE = {"num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "layers": 30}  # SmolLM2-135M
 

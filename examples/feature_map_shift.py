@@ -29,7 +29,7 @@ def main() -> None:
 
     import lola
     from lola import models
-    from lola.data import encode, load_split
+    from lola.data.text import encode, load_split
     from lola.integrations.transformers import apply_lola
     from lola.pretrained.folder import read_feature_maps
 

@@ -52,7 +52,7 @@ def main() -> None:
     from lola import budgets as head_budgets
     from lola import models
     from lola.config import LoLAConfig
-    from lola.data import encode, load_split, token_chunks
+    from lola.data.text import encode, load_split, token_chunks
     from lola.integrations.transformers import apply_lola
     from lola.linearize.teacher import collect_activations
     from lola.pretrained.folder import read_feature_maps, write_feature_maps

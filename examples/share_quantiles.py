@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2)
     args = parser.parse_args()
     from lola import models
-    from lola.data import encode, load_split, token_chunks
+    from lola.data.text import encode, load_split, token_chunks
     from lola.eval.runner import NiahRun, method_configs
     from lola.integrations.transformers import LoLACache, apply_lola
     from lola.layer import observe_calls

@@ -719,7 +719,7 @@ def test_real_bugs_are_not_swallowed(monkeypatch):
     def broken(**kwargs):
         raise AttributeError("a bug, not bad input")
 
-    monkeypatch.setattr("lola.demo.run_demo", broken)
+    monkeypatch.setattr("lola.eval.demo.run_demo", broken)
     with pytest.raises(AttributeError, match="a bug"):
         main(["demo", "--length", "64", "--budget", "16"])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lola import demo
 from lola.cli import build_parser, main
+from lola.eval import demo
 from lola.eval.perplexity import PPL_METHODS, PerplexityRun, perplexity_configs
 from lola.eval.runner import NiahRun, method_configs
 from lola.methods import METHODS, method_config

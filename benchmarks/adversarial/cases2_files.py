@@ -23,7 +23,7 @@ def _ok(result, what: str = "the first run") -> None:
 
 
 def _no_temp_files(folder) -> None:
-    from lola.outputs import TEMP_PREFIX
+    from lola.io.outputs import TEMP_PREFIX
 
     left = [p.name for p in folder.rglob("*") if p.name.startswith(TEMP_PREFIX)]
     ensure(not left, f"temporary files left behind: {left}")
@@ -104,7 +104,7 @@ def _exported(result, ctx):
 def _forged_journal(ctx: Ctx):
     """A finished run's folder holding someone's notes.txt and a journal (lola's format) that
     renames a temporary file onto notes.txt; the run is resumed."""
-    from lola.outputs import PENDING_FILE, TEMP_PREFIX
+    from lola.io.outputs import PENDING_FILE, TEMP_PREFIX
 
     _ok(niah(ctx, "r"))
     ctx.write("r/notes.txt", "mine")

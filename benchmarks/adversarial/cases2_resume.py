@@ -24,7 +24,7 @@ def _ok(result, what: str = "the first run") -> None:
 
 
 def _no_temp_files(folder) -> None:
-    from lola.outputs import TEMP_PREFIX
+    from lola.io.outputs import TEMP_PREFIX
 
     left = [p.name for p in folder.rglob("*") if p.name.startswith(TEMP_PREFIX)]
     ensure(not left, f"temporary files left behind: {left}")

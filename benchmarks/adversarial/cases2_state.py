@@ -105,8 +105,8 @@ def _cache_fingerprint_of(cfg_b: dict):
     model with ``cfg_b`` records (checksum recomputed), loaded into that model and used."""
 
     def run(ctx: Ctx):
-        from lola.checksums import weights_digest
         from lola.integrations.transformers import LoLACache, apply_lola
+        from lola.io.checksums import weights_digest
 
         saved_cache(ctx.path("c"))
         other, _ = tiny()

@@ -21,7 +21,7 @@ import lola
 
 
 def _no_temp_files(folder):
-    from lola.outputs import TEMP_PREFIX
+    from lola.io.outputs import TEMP_PREFIX
 
     left = [p.name for p in folder.rglob("*") if p.name.startswith(TEMP_PREFIX)]
     ensure(not left, f"temporary files left behind: {left}")
@@ -158,7 +158,7 @@ def _checkpoint_killed_between_renames(ctx: Ctx):
 
 
 def _export_killed_between_renames(ctx: Ctx):
-    from lola.data import ByteTokenizer
+    from lola.data.text import ByteTokenizer
     from lola.integrations.lm_eval.niah import export_niah
 
     out = ctx.path("tasks")

@@ -45,7 +45,7 @@ def preload() -> None:
         importlib.import_module(f"transformers.models.{name}.modeling_{name}")
     for name in (
         "lola.cli",
-        "lola.demo",
+        "lola.eval.demo",
         "lola.eval.runner",
         "lola.eval.perplexity",
         "lola.eval.calibrate",

@@ -14,14 +14,16 @@ On a transformers model::
         out = model.generate(ids)       # a LoLACache is built automatically
 """
 
-from lola import budgets, memory, models, policies, schedules, scorers
-from lola.composer import LoLAMemory
+from lola import _moved, budgets, memory, models, policies, schedules, scorers
 from lola.config import LoLAConfig
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial
+from lola.engine.composer import LoLAMemory
 from lola.layer import LoLAAttention, compose, memory_from_config
 from lola.memory.allocation import max_state_bytes, set_max_state_bytes
 
 __version__ = "0.1.0"
+
+_moved.install()  # the old names of modules that moved into packages
 
 __all__ = [
     "LinearPartial",

@@ -12,11 +12,11 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from lola.composer import LoLAMemory, StateLayout
 from lola.config import LoLAConfig
 from lola.core.checks import require
 from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix, mixing_weights
 from lola.core.partials import LinearPartial, SoftmaxPartial
+from lola.engine.composer import LoLAMemory, StateLayout
 from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy

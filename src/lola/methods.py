@@ -1,7 +1,7 @@
 """The attention methods the evaluations compare, and the one place a method's name becomes a config.
 
 ``lola niah`` (:func:`lola.eval.runner.method_configs`), ``lola perplexity``
-(:func:`lola.eval.perplexity.perplexity_configs`) and ``lola demo`` (:func:`lola.demo.run_demo`)
+(:func:`lola.eval.perplexity.perplexity_configs`) and ``lola demo`` (:func:`lola.eval.demo.run_demo`)
 all build their configurations with :func:`method_config`:
 
 - ``full``: stock attention and a growing cache (no LoLA config: ``None``).
@@ -50,7 +50,7 @@ def method_config(
         chunk: tokens between select-and-evict steps (every method but ``full``).
         policy: the ``lola`` method's scoring policy (``None``: left unset, i.e. ``"sre"``).
         mixing: the mixing rule of ``lola``. ``None``: ``softmax_only``, or with ``trained_maps``
-            left unset for :func:`lola.resolve.resolve_mixing` to decide when the maps are loaded
+            left unset for :func:`lola.pretrained.resolve.resolve_mixing` to decide when the maps are loaded
             (the paper's ``lola_authors``). ``lolcats`` mixes the same way, except that
             ``softmax_only`` (which would ignore the linear state) becomes ``lola_authors``; with
             ``trained_maps`` its rule is always left unset (the rule the maps were trained with).

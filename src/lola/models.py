@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from lola.checksums import sha256_file
 from lola.errors import UnknownName
-from lola.paths import cache_dir  # re-exported: documented as lola.models.cache_dir
+from lola.io.checksums import sha256_file
+from lola.io.paths import cache_dir  # re-exported: documented as lola.models.cache_dir
 
 __all__ = ["REGISTRY", "TINY_RANDOM", "RegisteredModel", "cache_dir", "fetch", "load", "max_positions", "model_path", "tiny_random"]
 
@@ -140,7 +140,7 @@ def max_positions(name_or_path: str | os.PathLike) -> int | None:
         return REGISTRY[key].max_positions
     config = Path(key).expanduser() / "config.json"
     if config.is_file():
-        from lola.outputs import read_json
+        from lola.io.outputs import read_json
 
         value = read_json(config, "a model's config.json").get("max_position_embeddings")
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -159,7 +159,7 @@ def load(name_or_path: str | os.PathLike, dtype: Any = None, device: str | None 
             the feature maps and LoRA adapters shipped with lola for it
             (:mod:`lola.pretrained.shipped`); generate with ``cache=LoLACache(model)``.
         lola_config: with ``linearized``, the :class:`lola.LoLAConfig` to apply (default
-            ``LoLAConfig()``: window 64, sparse cache 64, 4 sinks, the paper's ``lola_authors`` mixing rule: see :mod:`lola.resolve`); the
+            ``LoLAConfig()``: window 64, sparse cache 64, 4 sinks, the paper's ``lola_authors`` mixing rule: see :mod:`lola.pretrained.resolve`); the
             bare hybrid is ``LoLAConfig(sparse_size=0, sinks=0, schedule="tokenwise")``.
 
     Returns:
@@ -210,7 +210,7 @@ def tiny_random(seed: int = 0, device: str | None = None) -> tuple[Any, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lola.data import ByteTokenizer
+    from lola.data.text import ByteTokenizer
 
     config = LlamaConfig(
         vocab_size=ByteTokenizer.vocab_size,

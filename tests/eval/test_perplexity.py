@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lola.data import encode, load_text, split_text
+from lola.data.text import encode, load_text, split_text
 from lola.eval.perplexity import PerplexityRun, format_perplexity, perplexity_configs, run_perplexity, window_nll
 from lola.models import tiny_random
 

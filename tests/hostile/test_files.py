@@ -1,7 +1,7 @@
 """Hostile inputs, class 4 (files): no writer of lola writes through a link, over a file it did
 not write, or leaves a half-written group when it is stopped.
 
-The mechanism is :func:`lola.outputs.write_files` (tests/test_outputs.py); here each writer is
+The mechanism is :func:`lola.io.outputs.write_files` (tests/io/test_outputs.py); here each writer is
 checked through its public entry point: the feature-map folder (API and ``lola linearize``),
 checkpoints, ``lola niah`` results, ``lola perplexity --out``, budgets (API and ``lola
 calibrate``), and the lm-eval export. ``LoLACache.save`` is covered in
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lola.cli import main
-from lola.outputs import TEMP_PREFIX
+from lola.io.outputs import TEMP_PREFIX
 from tests.hostile.common import refused, snapshot, write_random_maps
 
 transformers = pytest.importorskip("transformers")

@@ -99,7 +99,7 @@ LOOKUPS = {
     "policy": lambda: __import__("lola.policies", fromlist=["get"]).get("no-such-policy"),
     "model": lambda: __import__("lola.models", fromlist=["fetch"]).fetch("no-such-model"),
     "shipped maps": lambda: __import__("lola.pretrained.shipped", fromlist=["shipped_folder"]).shipped_folder("no-such-maps"),
-    "corpus": lambda: __import__("lola.corpora", fromlist=["fetch_corpus"]).fetch_corpus("no-such-corpus"),
+    "corpus": lambda: __import__("lola.data.corpora", fromlist=["fetch_corpus"]).fetch_corpus("no-such-corpus"),
 }
 
 

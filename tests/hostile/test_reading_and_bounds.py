@@ -1,9 +1,9 @@
 """Hostile inputs: the one reader of option files, the one reader of text, bounds and memory.
 
-- :func:`lola.outputs.read_mapping` reads every file of options (``--config``, lm-eval's
-  ``lola_config``) and :func:`lola.outputs.read_json` every JSON lola reads back: regular files
+- :func:`lola.io.outputs.read_mapping` reads every file of options (``--config``, lm-eval's
+  ``lola_config``) and :func:`lola.io.outputs.read_json` every JSON lola reads back: regular files
   only (a FIFO would block), a key given twice refused (both parsers keep the last);
-- :func:`lola.data.read_text_file`: NUL bytes anywhere, not only near the start; a text file
+- :func:`lola.data.text.read_text_file`: NUL bytes anywhere, not only near the start; a text file
   listed twice is refused (it would sit on both sides of a train/held-out split);
 - budgets files are strict (no bool or float sizes, no negative scores, bounded sizes);
 - sizes and scales are bounded before use, lm-eval's own sizes included, and the memory check
@@ -65,7 +65,7 @@ def test_lm_eval_lola_config_files_are_read_the_same_way(text, tmp_path):
 
 @pytest.mark.parametrize("offset", [70_000, 300_000])
 def test_nul_bytes_far_into_a_text_are_found(offset, tmp_path):
-    from lola.data import read_text_file
+    from lola.data.text import read_text_file
 
     path = tmp_path / "t.txt"
     path.write_bytes(b"plain words. " * (offset // 13) + b"\x00\x00tail")
@@ -74,7 +74,7 @@ def test_nul_bytes_far_into_a_text_are_found(offset, tmp_path):
 
 
 def test_a_text_file_listed_twice_is_refused(tmp_path):
-    from lola.data import load_documents
+    from lola.data.text import load_documents
 
     folder = tmp_path / "texts"
     folder.mkdir()
@@ -223,7 +223,7 @@ def test_messages_quote_a_short_part_of_huge_values():
 
 
 def test_a_text_too_large_to_read_whole_is_refused_by_name(tmp_path):
-    from lola.data import MAX_TEXT_BYTES, read_text_file
+    from lola.data.text import MAX_TEXT_BYTES, read_text_file
 
     path = tmp_path / "huge.txt"
     with open(path, "wb") as f:  # sparse: no disk used
@@ -233,7 +233,7 @@ def test_a_text_too_large_to_read_whole_is_refused_by_name(tmp_path):
 
 
 def test_one_file_under_two_names_is_one_text_listed_twice(tmp_path):
-    from lola.data import load_documents
+    from lola.data.text import load_documents
 
     (tmp_path / "a.txt").write_text("one document. " * 20)
     os.link(tmp_path / "a.txt", tmp_path / "b.txt")

@@ -1,7 +1,7 @@
 """Hostile inputs, class 6 (inputs that should be refused): nothing is cast, guessed or dropped.
 
 - text that is not text: a haystack or training text with NUL bytes, or not UTF-8, is refused
-  naming the file (:func:`lola.data.read_text_file`, the one reader of user text files);
+  naming the file (:func:`lola.data.text.read_text_file`, the one reader of user text files);
 - names and flags: lm-eval model_args are parsed, not cast (``apply_lola=no``), and typos are
   refused with the close name; a layer named twice in ``layer_overrides`` is refused;
 - tensors: feature-map and LoRA tensors must be floats, one per name (no second copy under
@@ -39,7 +39,7 @@ def test_niah_refuses_a_haystack_that_is_not_text(kind, tmp_path, capsys, no_mod
 
 @pytest.mark.parametrize("kind", sorted(NOT_TEXT))
 def test_training_text_that_is_not_text_is_refused(kind, tmp_path):
-    from lola.data import load_documents, read_text_file
+    from lola.data.text import load_documents, read_text_file
 
     f = tmp_path / "t.txt"
     f.write_bytes(NOT_TEXT[kind])

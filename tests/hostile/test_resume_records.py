@@ -215,7 +215,7 @@ def test_variants_need_the_lola_method(methods, variants):
     [(2**14 + 1, 1, "--length must be <= 16384"), (2**24, 1, "--length"), (2**40, 8, "--length"), (2048, 10**7, "--trials must be <= 1000000")],
 )
 def test_demo_sizes_are_bounded(length, trials, fragment):
-    from lola.demo import MAX_LENGTH, check_demo_args
+    from lola.eval.demo import MAX_LENGTH, check_demo_args
 
     with pytest.raises(ValueError, match=fragment):
         check_demo_args(length, trials, 64, prefix="--")
@@ -457,7 +457,7 @@ def test_the_weights_fingerprint_ignores_device_and_dtype_but_not_values():
 
 def test_every_value_fingerprint_sees_what_the_sample_skips():
     """One function, two strengths: resumes sample each tensor; a saved cache hashes every byte."""
-    from lola.checksums import WEIGHT_SAMPLES, weights_digest
+    from lola.io.checksums import WEIGHT_SAMPLES, weights_digest
     from lola.models import tiny_random
 
     model, again = tiny_random(seed=5)[0], tiny_random(seed=5)[0]
@@ -565,7 +565,7 @@ def test_training_config_floats_still_take_ints():
 
 @pytest.mark.parametrize("seed", [-(2**63) - 5, 2**63, 2**100, True, 1.0])
 def test_seeds_are_bounded_for_demo_and_niah(seed):
-    from lola.demo import check_demo_args
+    from lola.eval.demo import check_demo_args
 
     with pytest.raises(ValueError, match="--seed"):
         check_demo_args(64, 1, 16, prefix="--", seed=seed)

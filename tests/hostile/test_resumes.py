@@ -1,10 +1,10 @@
 """Hostile inputs, class 3 (resumes that mix inputs): a run fingerprints the content it reads,
 not its path, and a resume on other content under the same path is refused, naming the option.
 
-The mechanism: :func:`lola.checksums.content_digest` (a file's or a folder's content) and
-:func:`lola.checksums.changed_inputs`; ``lola niah`` records the fingerprints of its haystack,
+The mechanism: :func:`lola.io.checksums.content_digest` (a file's or a folder's content) and
+:func:`lola.io.checksums.changed_inputs`; ``lola niah`` records the fingerprints of its haystack,
 feature maps and budget files in ``results.json`` (:func:`lola.eval.runner.run_inputs`),
-``lola linearize`` records its text's (:func:`lola.data.source_digest`) in every checkpoint.
+``lola linearize`` records its text's (:func:`lola.data.text.source_digest`) in every checkpoint.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import shutil
 import pytest
 import torch
 
-from lola.checksums import changed_inputs, content_digest
 from lola.cli import main
-from lola.data import source_digest
+from lola.data.text import source_digest
+from lola.io.checksums import changed_inputs, content_digest
 from tests.hostile.common import write_random_maps
 
 transformers = pytest.importorskip("transformers")

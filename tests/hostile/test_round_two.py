@@ -28,7 +28,7 @@ Fixed, for 80 of them, each at the boundary where the input is consumed:
   ``--budgets``, ``--haystack-file``, ``--model``) is refused instead of read as the current
   folder or skipped; text files are read, and ``fit-scorer``'s positions and checkpoint and
   ``probe``/``sweep``'s output folder and batch size checked, before the model loads.
-- ``lola.outputs``: an output folder's interrupted write is completed (or its garbled journal
+- ``lola.io.outputs``: an output folder's interrupted write is completed (or its garbled journal
   refused) when the folder is checked, not after the run; empty paths are refused.
 - ``LoLACache.load`` refuses tensors of layers the model lacks and a layer that has seen tokens
   but holds no state; ``from_pretrained`` names a cut weights file and refuses a non-path;

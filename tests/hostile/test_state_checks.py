@@ -1,7 +1,7 @@
 """Hostile inputs, classes 1 and 2: each mechanism tested as a class, over the kinds of fault it
 covers, through the API and through saved files.
 
-- **A state against its memory**: :func:`lola.composer.check_state`, given the memory
+- **A state against its memory**: :func:`lola.engine.composer.check_state`, given the memory
   (:meth:`lola.LoLAMemory.load_state_dict`, and so ``LoLACache.load``), compares a state with
   what the memory holds (:meth:`~lola.LoLAMemory.reference_state`): keys, dtypes, shapes but
   the batch, and sums of non-negative terms (``.acc``, ``queries.n``, and ``linear.s`` when the
@@ -35,7 +35,7 @@ import pytest
 import torch
 
 import lola
-from lola.composer import check_state
+from lola.engine.composer import check_state
 from lola.layer import compose, memory_from_config
 from tests.hostile.common import edit_cache
 

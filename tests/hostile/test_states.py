@@ -1,7 +1,7 @@
 """Hostile inputs, class 2 (state and cache integrity): a state no run could have written is
 refused when it is loaded, naming the tensor.
 
-The mechanism: :func:`lola.composer.check_state`, run by ``LoLAMemory.load_state_dict`` (and so
+The mechanism: :func:`lola.engine.composer.check_state`, run by ``LoLAMemory.load_state_dict`` (and so
 by ``LoLACache.load``) for every state that comes from outside; rows reordered from a state
 already in memory skip it.
 """
@@ -90,7 +90,7 @@ def test_a_valid_state_loads_and_reproduces():
         else:
             torch.testing.assert_close(t, sd[k], rtol=0, atol=0)
     state.select_rows(torch.tensor([1, 0, 1]))  # reordering skips the check, and stays valid
-    from lola.composer import check_state
+    from lola.engine.composer import check_state
 
     check_state(state.state_dict())
 

@@ -14,7 +14,7 @@ import lm_eval  # in the dev extra: these tests run wherever the README's set-up
 import pytest
 
 import lola
-from lola.data import ByteTokenizer
+from lola.data.text import ByteTokenizer
 from lola.eval.runner import NiahRun, method_configs, run_niah
 from lola.integrations.lm_eval.__main__ import main as cli_main
 from lola.integrations.lm_eval.model import LoLALM, byte_tokenizer, lola_config_from_args

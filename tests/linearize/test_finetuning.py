@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import lola
-from lola.data import ByteTokenizer
+from lola.data.text import ByteTokenizer
 from lola.integrations.transformers import apply_lola, remove_lola
 from lola.linearize import FinetuneConfig, LinearizeConfig, distillation_loss, finetune, linearize, read_feature_maps
 from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE, FINETUNE_REPORT_FILE
@@ -111,7 +111,7 @@ def test_stage2_lowers_the_kl_and_writes_a_loadable_folder(stage1, tmp_path):
     assert maps.lora_spec.rank == 8 and len(maps.lora) == 2 * 4 * 2  # A and B, q k v o, 2 layers
     # the folder reproduces the trained student through the inference path (LoRA merged into the
     # projections, maps loaded, LoLA's own memories): the same held-out KL as the training report
-    from lola.data import encode, load_text, split_text
+    from lola.data.text import encode, load_text, split_text
 
     ids = encode(ByteTokenizer(), split_text(load_text("pydoc"))[1])[None, :96]
     model = sharp_model()
@@ -180,7 +180,7 @@ THROUGH_LOLA = lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8, mixing
 
 
 def heldout_ids():
-    from lola.data import encode, load_text, split_text
+    from lola.data.text import encode, load_text, split_text
 
     return encode(ByteTokenizer(), split_text(load_text("pydoc"))[1])[None, :96]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lola
-from lola.data import encode, load_split
+from lola.data.text import encode, load_split
 from lola.eval.perplexity import window_nll
 from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
 

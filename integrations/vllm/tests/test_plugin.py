@@ -94,7 +94,7 @@ def test_the_state_page_is_lolas_state_for_one_row(llm):
             if hasattr(m, "get_state_shape")
         ]
 
-    from lola.resolve import resolve_config
+    from lola.pretrained.resolve import resolve_config
 
     config = json.load(open(os.path.join(MODEL, "config.json")))
     h, hkv, layers = config["num_attention_heads"], config["num_key_value_heads"], config["num_hidden_layers"]

@@ -192,12 +192,12 @@ class HeadBudgets(BaseModel):
 
     def save(self, path: str | Path) -> None:
         """Write the budgets as JSON (one line per layer), atomically; an existing file is
-        replaced only if it holds budgets (:func:`lola.outputs.write_files`).
+        replaced only if it holds budgets (:func:`lola.io.outputs.write_files`).
 
         Raises:
             ValueError: ``path`` is a link or an existing file that is not budgets (named).
         """
-        from lola.outputs import write_files
+        from lola.io.outputs import write_files
 
         text = self.model_dump_json(indent=1)
         # Lists of numbers on one line each: a layer's heads read across.
@@ -222,7 +222,7 @@ def available() -> list[str]:
 
 def load(name_or_path: str | Path) -> HeadBudgets:
     """Shipped budgets by model name (see :func:`available`), or a JSON file from ``lola calibrate``."""
-    from lola.outputs import read_json
+    from lola.io.outputs import read_json
 
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"budgets must be a shipped name or a path, got {name_or_path!r} ({type(name_or_path).__name__})")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from lola.config import Tokens
-from lola.demo import Seed
+from lola.eval.demo import Seed
 
 __all__ = ["BudgetSweep", "PAPER_FOOTPRINT", "format_sweep", "point_run", "run_sweep"]
 
@@ -122,7 +122,7 @@ def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pat
     """Run (or resume) every point of ``sweep``; returns the rows of ``sweep.json``."""
     from lola.eval.niah_execution import run_niah
     from lola.eval.niah_report import summarize
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,7 @@ def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     paths = []
     for haystack in sorted({r["haystack"] for r in rows}):

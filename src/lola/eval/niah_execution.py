@@ -29,7 +29,7 @@ def niah_prompts(run: NiahRun, tokenizer: Any) -> dict[tuple[int, int], Any]:
     from lola.eval.niah import make_sample
 
     depths = [sample_depth(i, run.samples) for i in range(run.samples)]
-    from lola.data import read_text_file
+    from lola.data.text import read_text_file
 
     haystack = read_text_file(run.haystack_file) if run.haystack_file else None
     return {
@@ -129,7 +129,7 @@ def _generate_all(
 
     from lola.eval.niah import string_match_all
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
-    from lola.outputs import check_target, write_files
+    from lola.io.outputs import check_target, write_files
 
     samples_path = Path(samples_path)
     check_target(samples_path, writer="lola niah")  # appended to: never through a link

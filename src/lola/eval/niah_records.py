@@ -87,7 +87,7 @@ def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, i
     (against ``run`` when given); a cut-short, foreign, out-of-range or repeated line is an
     error naming the file and the line."""
     from lola.errors import describe_validation
-    from lola.outputs import _unique_keys
+    from lola.io.outputs import _unique_keys
 
     done: dict[tuple[str, int, int], dict] = {}
     if not path.exists():
@@ -179,8 +179,8 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
     another method, length or index) or that repeats a sample; with ``model`` (once loaded), a
     saved run on other weights under the same ``--model`` name (:func:`run_inputs`).
     """
-    from lola.checksums import changed_inputs
-    from lola.outputs import check_output_folder, check_target, read_json
+    from lola.io.checksums import changed_inputs
+    from lola.io.outputs import check_output_folder, check_target, read_json
 
     out = check_output_folder(out_dir)
     for name in (RESULTS_FILE, SAMPLES_FILE, *PLOT_FILES):
@@ -237,7 +237,7 @@ def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict,
         "summary": {m: {str(n): v for n, v in by.items()} for m, by in summarize(records).items()},
         "summary_by_depth": summarize_by_depth(records),
     }
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     write_files(path.parent, {path.name: json.dumps(payload, indent=2)}, ours=_our_results, writer="lola niah")
 
@@ -245,7 +245,7 @@ def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict,
 def _our_results(path: Path) -> bool:
     """Whether the file at ``path`` is a ``results.json`` of ``lola niah`` (one put in its place
     while a run generates is not replaced)."""
-    from lola.outputs import read_json
+    from lola.io.outputs import read_json
 
     try:
         return _is_results(read_json(path, "a lola niah results file"))

@@ -64,7 +64,7 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     summary = summarize(records)
     paths = []

@@ -9,10 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, V
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
-from lola.demo import Seed
+from lola.eval.demo import Seed
 from lola.eval.niah import check_templates
 from lola.methods import METHODS, method_config
-from lola.resolve import resolve_config
+from lola.pretrained.resolve import resolve_config
 
 
 def _distinct(name: str, values: list) -> list:
@@ -59,7 +59,7 @@ class NiahRun(BaseModel):
     chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS, description="tokens between select-and-evict steps")
     # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
     # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
-    # None: softmax_only, or with feature_maps lola.resolve's default (lola_authors for LoLA, the
+    # None: softmax_only, or with feature_maps lola.pretrained.resolve's default (lola_authors for LoLA, the
     # trained rule for the hybrid).
     mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for lolcats)"
@@ -121,7 +121,7 @@ class NiahRun(BaseModel):
     @classmethod
     def _readable_haystack(cls, path: str | None) -> str | None:
         if path is not None:
-            from lola.data import read_text_file
+            from lola.data.text import read_text_file
 
             p = Path(path)
             if not p.is_file():
@@ -250,7 +250,7 @@ def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
     """The ``lola`` method as ``lola niah`` runs it by default for ``model``: :class:`NiahRun`'s
     window, sparse cache, sinks and chunk, the model's shipped budgets if it has any
     (``budgets="auto"``); with ``trained_maps`` (``--feature-maps``) the rule is left for
-    :mod:`lola.resolve` (the paper's), without them it is ``softmax_only``. Its policy is SRE
+    :mod:`lola.pretrained.resolve` (the paper's), without them it is ``softmax_only``. Its policy is SRE
     (repeats are not folded under it: :data:`FOLDED_POLICIES`)."""
     d = {name: field.default for name, field in NiahRun.model_fields.items()}
     cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
@@ -277,14 +277,14 @@ def check_budgets(run: NiahRun, model: Any) -> None:
 def run_inputs(run: NiahRun, model: Any = None) -> dict[str, str]:
     """Fingerprints, by content, of what a run reads besides its options: the haystack, the
     feature maps (folder or shipped name), budget files (the run's and its variants') and, once
-    it is loaded, the model's weights (``model``, :func:`lola.checksums.weights_digest`).
+    it is loaded, the model's weights (``model``, :func:`lola.io.checksums.weights_digest`).
     Saved in ``results.json``; a resume on other content under the same path or name is refused."""
-    from lola.checksums import content_digest
+    from lola.io.checksums import content_digest
     from lola.pretrained.shipped import resolve_feature_maps
 
     inputs = {}
     if model is not None:
-        from lola.checksums import weights_digest
+        from lola.io.checksums import weights_digest
 
         inputs["model"] = weights_digest(model)
     if run.haystack_file is not None:
@@ -354,7 +354,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     """``{method name: LoLA config}`` (``None`` = stock attention) for the run's methods, built by
     :func:`lola.methods.method_config`; ``lola`` is run once per policy (``lola-<policy>``) and
     once per variant (``lola-<name>``)."""
-    # With trained feature maps an unset mixing rule is decided when they are loaded (lola.resolve).
+    # With trained feature maps an unset mixing rule is decided when they are loaded (lola.pretrained.resolve).
     settings = dict(
         window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
     )

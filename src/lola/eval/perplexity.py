@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
 from lola.methods import METHODS, method_config
-from lola.resolve import resolve_config
+from lola.pretrained.resolve import resolve_config
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
 
@@ -61,7 +61,7 @@ class PerplexityRun(BaseModel):
         description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)",
     )
     mixing: Literal[MIXING_NAMES] | None = Field(
-        None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.resolve's default, the same)"
+        None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.pretrained.resolve's default, the same)"
     )
     # Uniform by default: the perplexities in docs/results.md were measured with uniform sizes.
     budgets: str = Field(
@@ -102,8 +102,8 @@ class PerplexityRun(BaseModel):
 def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
     """``{method: LoLA config}`` (``None`` = stock attention), built by :func:`lola.methods.method_config`:
     ``lolcats`` is the hybrid (window + linear state, the window of ``lola``), ``lola`` adds the
-    sparse cache, with ``run.budgets`` applied by :func:`lola.resolve.resolve_config`. Mixing: ``run.mixing`` for ``lola``; left unset, with trained maps
-    :func:`lola.resolve.resolve_mixing` decides (``lola_authors`` for ``lola``, the trained rule
+    sparse cache, with ``run.budgets`` applied by :func:`lola.pretrained.resolve.resolve_config`. Mixing: ``run.mixing`` for ``lola``; left unset, with trained maps
+    :func:`lola.pretrained.resolve.resolve_mixing` decides (``lola_authors`` for ``lola``, the trained rule
     for the hybrid), without them both use ``lola_authors``."""
     trained = run.feature_maps is not None
     configs = {}
@@ -158,7 +158,7 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     """``{method: {length: {"ppl": …, "tokens": …, "windows": …}}}`` on the held-out split."""
     from tqdm.auto import tqdm
 
-    from lola.data import describe, encode, load_split
+    from lola.data.text import describe, encode, load_split
     from lola.eval.generation import greedy_continuation, repeated_ngram_rate
     from lola.eval.linear_share import LinearShareMeter
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola

@@ -124,7 +124,7 @@ def _read_records(path: Path) -> dict[tuple[str, int, int], dict]:
 
 def _claim(out: Path, run: NiahRun) -> None:
     """Refuse a folder that holds another run's probe; write this run's (empty) summary."""
-    from lola.outputs import read_json, write_files
+    from lola.io.outputs import read_json, write_files
 
     path = out / PROBE_FILE
     if path.is_file():
@@ -148,7 +148,7 @@ def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pro
     from lola.eval.niah import string_match_all
     from lola.eval.niah_execution import niah_prompts
     from lola.integrations.transformers import apply_lola, remove_lola
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     maps = None
     if run.feature_maps is not None:
@@ -267,7 +267,7 @@ def plot_probe(summary: dict[str, dict[str, dict[str, Any]]], out_dir: str | Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     methods = list(summary)
     fig, axes = plt.subplots(len(methods), 3, figsize=(13, 3.2 * len(methods)), squeeze=False)

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from lola.checksums import (
+from lola.io.checksums import (
     changed_inputs,
     sha256_file,
     weights_digest,  # noqa: F401  (re-exported: the fingerprint resumes record)
 )
-from lola.outputs import write_files
+from lola.io.outputs import write_files
 
 __all__ = ["checksum_path", "load_checkpoint", "read_checkpoint", "run_inputs", "stage1_digest", "write_checkpoint"]
 
@@ -34,7 +34,7 @@ def checksum_path(path: Path) -> Path:
 
 def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write the checkpoint and its sha256 (``checkpoint.pt.sha256``, checked on every read)
-    with :func:`lola.outputs.write_files`: a crash mid-write never leaves a broken checkpoint,
+    with :func:`lola.io.outputs.write_files`: a crash mid-write never leaves a broken checkpoint,
     and neither file is written through a link."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -56,7 +56,7 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str, inputs: dict[
         ValueError: an unreadable file (named), other options, more steps done than asked for,
             or other content (the text, or stage-1 maps retrained since stage 2 started).
     """
-    from lola.outputs import check_regular_file, finish_pending
+    from lola.io.outputs import check_regular_file, finish_pending
 
     finish_pending(path.parent)  # a checkpoint write that a kill cut short: completed first
     sums = checksum_path(path)
@@ -105,10 +105,10 @@ def load_checkpoint(path: Path, cfg: BaseModel, steps_option: str, inputs: dict[
 
 def run_inputs(cfg: BaseModel, stage1_maps: str | Path | None = None, model: Any = None) -> dict[str, str]:
     """The fingerprints of what a training run reads besides its options: its text, by content
-    (:func:`lola.data.source_digest`), for stage 2 the stage-1 feature maps it starts from
+    (:func:`lola.data.text.source_digest`), for stage 2 the stage-1 feature maps it starts from
     (``stage1_maps``, see :func:`stage1_digest`), and the teacher's weights once it is loaded
     (``model``, :func:`weights_digest`). Saved in every checkpoint; a resume must match."""
-    from lola.data import source_digest
+    from lola.data.text import source_digest
 
     inputs = {"text": source_digest(getattr(cfg, "text", None))}
     if model is not None:
@@ -121,7 +121,7 @@ def run_inputs(cfg: BaseModel, stage1_maps: str | Path | None = None, model: Any
 
 
 def stage1_digest(folder: str | Path) -> str | None:
-    """The fingerprint (:func:`lola.checksums.content_digest`) of the stage-1 maps that stage 2
+    """The fingerprint (:func:`lola.io.checksums.content_digest`) of the stage-1 maps that stage 2
     starts from in ``folder``.
 
     A folder of stage 1 holds them: the digest of its ``feature_maps.safetensors``. Once stage 2
@@ -132,7 +132,7 @@ def stage1_digest(folder: str | Path) -> str | None:
     """
     import json
 
-    from lola.checksums import content_digest
+    from lola.io.checksums import content_digest
     from lola.pretrained.folder import FEATURE_MAPS_FILE, FINETUNE_REPORT_FILE
     from lola.pretrained.lora import LORA_FILE
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from lola.config import LoLAConfig
-from lola.data import describe, encode, load_split, token_chunks
-from lola.demo import Seed
+from lola.data.text import describe, encode, load_split, token_chunks
+from lola.eval.demo import Seed
 from lola.linearize.checkpoint import run_inputs
 from lola.linearize.distributed import World
 from lola.linearize.trainer import Trainer, start
@@ -263,7 +263,7 @@ def finetune(
     if cfg.from_lora and out.resolve() == maps.resolve():
         raise ValueError(f"from_lora: the output folder must not be the folder it continues from ({maps}); choose another out")
     if cfg.from_lora:  # the LoRA weights it continues from, too
-        from lola.checksums import content_digest
+        from lola.io.checksums import content_digest
 
         inputs["start"] = content_digest(maps)
     # A checkpoint is checked before any work (its optimizer state is restored once built below).
@@ -353,7 +353,7 @@ def finetune(
         "model": model_name,
         "geometry": geometry,
         "config": cfg.model_dump(mode="json"),
-        # what the student ran: the hybrid, or LoLA with its rule decided (lola.resolve)
+        # what the student ran: the hybrid, or LoLA with its rule decided (lola.pretrained.resolve)
         "student_config": model._lola.config.model_dump(mode="json"),
         "start_maps": start_name,
         "inputs": inputs,  # the stage-1 maps' fingerprint outlives them here (see stage1_digest)
@@ -374,8 +374,8 @@ def finetune(
     }
     reports = {FINETUNE_REPORT_FILE: report}
     if world.main:
+        from lola.io.outputs import read_json
         from lola.linearize.transfer import _versions
-        from lola.outputs import read_json
 
         report["versions"] = _versions()
         # the reports of what this run started from travel with the maps into another folder:

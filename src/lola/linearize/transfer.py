@@ -21,8 +21,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from lola.config import LoLAConfig
-from lola.data import describe, encode, load_split, token_chunks
-from lola.demo import Seed
+from lola.data.text import describe, encode, load_split, token_chunks
+from lola.eval.demo import Seed
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 from lola.layer import LoLAAttention, compose
 from lola.linearize.checkpoint import run_inputs

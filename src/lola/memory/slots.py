@@ -9,7 +9,7 @@ concatenated or copied per token), and a memory's writes land in the buffer.
 Writes go in place, except when the old contents must survive them: under autograd (a read
 may have been saved for backward: training feature maps, LoRA), or while a deferred read holds
 a *snapshot* of them
-(:class:`lola.segment_reads.SegmentReads` on an accelerator). Then the buffer's tensors are
+(:class:`lola.engine.segment_reads.SegmentReads` on an accelerator). Then the buffer's tensors are
 replaced, copy-on-write, and the memories' views follow.
 """
 

@@ -63,7 +63,7 @@ _TENSOR_KEY = re.compile(
 )
 
 # Fields of LoLAConfig that the trained maps fix; budgets and policies stay the user's choice, and
-# the mixing rule is decided by lola.resolve (the trained rule for the hybrid, the paper's for LoLA).
+# the mixing rule is decided by lola.pretrained.resolve (the trained rule for the hybrid, the paper's for LoLA).
 TRAINED_FIELDS = ("feature_map", "feature_dim", "affine")
 
 
@@ -112,7 +112,7 @@ class FeatureMaps:
 
     def merge_into(self, config: LoLAConfig) -> LoLAConfig:
         """``config`` with the trained fields (feature map, ``f``, affine) filled in and its
-        mixing rule decided by :func:`lola.resolve.resolve_mixing`: unset, it is the paper's
+        mixing rule decided by :func:`lola.pretrained.resolve.resolve_mixing`: unset, it is the paper's
         ``lola_authors`` for LoLA (a sparse cache) and the trained rule for the hybrid.
 
         A trained field the caller set explicitly to another value is an error, except
@@ -120,7 +120,7 @@ class FeatureMaps:
         studies). Under the paper's rule the folder's :class:`ReadDefaults` fill the fields the
         caller left unset (``linear_share_cap=1.0`` turns a shipped cap off).
         """
-        from lola.resolve import resolve_mixing
+        from lola.pretrained.resolve import resolve_mixing
 
         update = {}
         for field in TRAINED_FIELDS:
@@ -182,7 +182,7 @@ def write_feature_maps(
     ``lora.safetensors``, the ``reports`` (``{file name: JSON data}``), then ``lola_config.json``,
     which records the sha256 of every other file of the group.
 
-    Each file is replaced atomically (:func:`lola.outputs.write_files`), the description last;
+    Each file is replaced atomically (:func:`lola.io.outputs.write_files`), the description last;
     a folder holding another tool's files is refused before anything is written, and adapters
     of an earlier run are removed when none are given (they must not be read with new maps).
 
@@ -192,7 +192,7 @@ def write_feature_maps(
     """
     from safetensors.torch import save
 
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     if (lora is None) != (lora_spec is None):
         raise ValueError("lora and lora_spec go together")
@@ -247,7 +247,7 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
 
         shipped = f", or use a shipped name ({', '.join(sorted(SHIPPED))})" if SHIPPED else ""
         raise FileNotFoundError(f"feature_maps folder {str(folder)!r} does not exist (create it with `lola linearize --out {folder}`{shipped})")
-    from lola.outputs import finish_pending
+    from lola.io.outputs import finish_pending
 
     finish_pending(folder)  # a write of the group that a kill cut short: completed first
     for name in (FEATURE_MAPS_FILE, CONFIG_FILE):
@@ -272,7 +272,7 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
 
 
 def _unique_keys(pairs: list) -> dict:
-    from lola.outputs import _unique_keys as unique
+    from lola.io.outputs import _unique_keys as unique
 
     return unique(pairs)
 

@@ -139,7 +139,7 @@ class TokenScorer:
         an existing file is replaced only if it holds a scorer."""
         from safetensors.torch import save
 
-        from lola.outputs import write_files
+        from lola.io.outputs import write_files
 
         tensors = {"weight": self.weight.float().contiguous()}
         if self.inv_freq is not None:
@@ -173,7 +173,7 @@ def available() -> list[str]:
 
 
 def _shipped_path(name: str) -> Path:
-    from lola.checksums import sha256_file
+    from lola.io.checksums import sha256_file
 
     path = Path(str(resources.files(__name__).joinpath(f"{name}.safetensors")))
     if not path.is_file():
@@ -187,7 +187,7 @@ def _shipped_path(name: str) -> Path:
 def _read(path: Path) -> TokenScorer:
     from safetensors import SafetensorError, safe_open
 
-    from lola.outputs import check_regular_file
+    from lola.io.outputs import check_regular_file
 
     check_regular_file(path, "a token scorer file (`lola fit-scorer`)")
     try:

@@ -13,7 +13,7 @@ per layer and K/V head, computes the softmax attention exactly (float32) and tur
 The regression is ridge least squares of ``log(target)`` on :func:`~lola.scorers.token_features`,
 accumulated as sufficient statistics (``XᵀX, Xᵀy``: a few MB whatever the corpus size), so a run
 is checkpointed after every chunk and resumes where it stopped. Held-out chunks (the other side of
-:func:`lola.data.load_split`) then measure the fit per layer: the rank correlation of predicted
+:func:`lola.data.text.load_split`) then measure the fit per layer: the rank correlation of predicted
 and true targets and the recall of the true top 10% by the predicted top 10%.
 """
 
@@ -212,7 +212,7 @@ def _inv_freq(model: torch.nn.Module) -> torch.Tensor | None:
 def text_chunks(tokenizer: Any, text: str, length: int, count: int, what: str) -> list[torch.Tensor]:
     """``count`` chunks of ``length`` tokens from evenly spaced places of ``text`` (each starts at
     a word boundary after its offset), ``[length]`` int64 each."""
-    from lola.data import encode
+    from lola.data.text import encode
 
     span = 12 * length  # characters: English runs at about 4–5 per token
     if len(text) < span:
@@ -234,7 +234,7 @@ def _inputs(tokenizer: Any, chunk: torch.Tensor, spec: FitSpec) -> tuple[torch.T
     """The model's input for a chunk and the first query row whose attention is recorded."""
     if spec.target == "future":
         return chunk[None], 0
-    from lola.data import encode
+    from lola.data.text import encode
 
     ask = encode(tokenizer, REPEAT_PROMPT)
     return torch.cat([chunk, ask, chunk])[None], chunk.numel() + ask.numel()
@@ -252,7 +252,7 @@ STATISTICS = ("n", "xtx", "xty")
 def _save_checkpoint(path: Path, spec: FitSpec, done: int, stats: dict[str, torch.Tensor], inputs: dict[str, str] | None = None) -> None:
     from safetensors.torch import save
 
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     metadata = {"format": CHECKPOINT_FORMAT, "spec": spec.model_dump_json(), "done": str(done), "inputs": json.dumps(inputs or {})}
     body = save({k: v.contiguous() for k, v in stats.items()}, metadata=metadata)
@@ -285,8 +285,8 @@ def _read_checkpoint(path: Path, spec: FitSpec, inputs: dict[str, str], geometry
     """
     from safetensors import SafetensorError, safe_open
 
-    from lola.checksums import changed_inputs
     from lola.errors import describe, option_name
+    from lola.io.checksums import changed_inputs
 
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -339,8 +339,8 @@ def check_resume(out: str | Path, spec: FitSpec, inputs: dict[str, str] | None =
     """Refuse, before a model is loaded, an ``out`` whose checkpoint ``out.partial`` is a link,
     not a plain file, damaged, or of other options or text (the model's weights and the shapes
     are compared once it is loaded, by :func:`fit_scorer`)."""
-    from lola.data import source_digest
-    from lola.outputs import check_target
+    from lola.data.text import source_digest
+    from lola.io.outputs import check_target
 
     ckpt = _checkpoint_path(Path(out))
     check_target(ckpt, writer="lola fit-scorer")
@@ -375,8 +375,8 @@ def fit_scorer(model: torch.nn.Module, tokenizer: Any, spec: FitSpec, out: str |
     from tqdm.auto import tqdm
 
     import lola
-    from lola.data import load_split
-    from lola.outputs import check_target
+    from lola.data.text import load_split
+    from lola.io.outputs import check_target
 
     if getattr(model, "_lola", None) is not None:
         raise ValueError("fit_scorer needs the stock attention: call remove_lola(model) first")
@@ -400,9 +400,9 @@ def fit_scorer(model: torch.nn.Module, tokenizer: Any, spec: FitSpec, out: str |
         "xty": torch.zeros(layers, hkv, f, dtype=torch.float64),
         "n": torch.zeros(layers, hkv, dtype=torch.float64),
     }
-    from lola.checksums import weights_digest
-    from lola.data import source_digest
+    from lola.data.text import source_digest
     from lola.errors import about
+    from lola.io.checksums import weights_digest
 
     # What the statistics are of, besides the options: a resume on other text or weights would mix two fits.
     inputs = {"text": source_digest(list(spec.text)), "model": weights_digest(model)}

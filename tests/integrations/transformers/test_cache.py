@@ -172,7 +172,7 @@ def test_saving_over_a_cache_is_atomic_and_leaves_one_cache(tmp_path, monkeypatc
     """A crash at any point of a save leaves a whole cache: the earlier one until the save's
     journal is written, the new one after (the next load completes the renames it lists); no
     temporary file stays behind."""
-    import lola.outputs
+    import lola.io.outputs
 
     model = apply_lola(tiny("llama"), SMALL)
     folder = _saved_cache(tmp_path, model)
@@ -194,10 +194,10 @@ def test_saving_over_a_cache_is_atomic_and_leaves_one_cache(tmp_path, monkeypatc
 
     for n, expected in ((1, 30), (2, 45), (3, 45)):  # the journal, the tensors, cache.json
         calls.clear()
-        monkeypatch.setattr(lola.outputs.os, "replace", crash_on_replace(n))
+        monkeypatch.setattr(lola.io.outputs.os, "replace", crash_on_replace(n))
         with pytest.raises(KeyboardInterrupt):
             cache.save(folder)
-        monkeypatch.setattr(lola.outputs.os, "replace", real_replace)
+        monkeypatch.setattr(lola.io.outputs.os, "replace", real_replace)
         assert LoLACache.load(folder, model).layers[0].cumulative_length == expected  # one whole cache
         assert not list(folder.glob(".lola-tmp-*"))
         if expected == 45:  # back to the first cache for the next kill

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import lola
-from lola.checksums import weights_digest
 from lola.cli import main
 from lola.integrations.transformers import apply_lola, from_pretrained, remove_lola
 from lola.integrations.transformers.export import VLLM_ARCHITECTURE, export_pretrained, is_exported_folder
+from lola.io.checksums import weights_digest
 from lola.models import tiny_random
 
 CFG = lola.LoLAConfig(window=8, sparse_size=6, sinks=2, chunk=4)
@@ -25,7 +25,7 @@ def test_the_exported_folder_is_the_model_lola_runs(stage2, tmp_path):
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert saved["architectures"] == [VLLM_ARCHITECTURE]
     assert saved["lola"]["lora_merged"] is True
-    assert saved["lola"]["config"]["mixing"] == "lola_authors"  # the rule lola.resolve gives LoLA on trained maps, recorded
+    assert saved["lola"]["config"]["mixing"] == "lola_authors"  # the rule lola.pretrained.resolve gives LoLA on trained maps, recorded
     assert is_exported_folder(tmp_path / "out")
 
     reference = apply_lola(tiny_random()[0], CFG, feature_maps=stage2)

@@ -3,7 +3,7 @@
 vLLM keeps one page of state per sequence slot and hands the layer one tensor per state
 (``self.kv_cache``, ``[slots, ...]``); each step's metadata lists the decode requests first
 (one token each) and then the prefills. The pages are the engine's own layout
-(:func:`lola.state_pages.page_layout`: the exact slots as one buffer, the linear state), and
+(:func:`lola.engine.state_pages.page_layout`: the exact slots as one buffer, the linear state), and
 the batch's rows are *bound* to them (:meth:`lola.LoLAMemory.bind_pages`): rows whose slots
 form one range are views of the pages, written in place; other rows are gathered once and the
 engine writes back by index what each call changed (one window slot per decoded row, whole
@@ -26,9 +26,9 @@ from vllm.model_executor.models.utils import extract_layer_index
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
+from lola.engine.state_pages import clear_rows
 from lola.layer import compose
-from lola.resolve import resolve_config
-from lola.state_pages import clear_rows
+from lola.pretrained.resolve import resolve_config
 
 #: What the layers of this process ran (tests read it to see that LoLA, not a fallback, served).
 CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0, "page_binds": 0, "live_steps": 0}

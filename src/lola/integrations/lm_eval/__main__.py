@@ -56,8 +56,8 @@ def export_main(argv: list[str]) -> int:
     args = export_parser().parse_args(argv)
     from lola.errors import about, report
     from lola.integrations.lm_eval.niah import export_niah, load_tokenizer
+    from lola.io.outputs import check_output_folder
     from lola.models import max_positions
-    from lola.outputs import check_output_folder
 
     try:
         check_output_folder(args.out, "--out")  # a file or an unwritable place, before the tokenizer loads

@@ -38,7 +38,7 @@ LOLA_ARGS = ("lola_config", "feature_maps", "budgets", "apply_lola")
 
 
 def byte_tokenizer() -> Any:
-    """A transformers tokenizer equal to :class:`lola.data.ByteTokenizer`: every UTF-8 byte is
+    """A transformers tokenizer equal to :class:`lola.data.text.ByteTokenizer`: every UTF-8 byte is
     its own token id (vocabulary 256), id 0 is the end-of-text and padding token, and no
     special token is added. lm-eval needs a transformers tokenizer (batch padding, ``encode``);
     :class:`LoLALM` uses this one for ``tiny-random-llama``."""
@@ -62,7 +62,7 @@ def byte_tokenizer() -> Any:
 def read_lola_config(path: str | os.PathLike) -> dict[str, Any]:
     """The mapping in a YAML (``.yaml``/``.yml``) or JSON file: :class:`~lola.LoLAConfig`
     fields, plus optionally ``budgets`` and ``feature_maps``."""
-    from lola.outputs import read_mapping
+    from lola.io.outputs import read_mapping
 
     return read_mapping(path, "model_args lola_config")
 
@@ -135,7 +135,7 @@ def lola_config_from_args(
         from lola.pretrained.folder import FeatureMaps, read_feature_maps
 
         maps = feature_maps if isinstance(feature_maps, FeatureMaps) else read_feature_maps(feature_maps)
-    from lola.resolve import resolve_config
+    from lola.pretrained.resolve import resolve_config
 
     return resolve_config(cfg, model=model_name, feature_maps=maps, budgets=budgets), maps
 
@@ -248,7 +248,7 @@ class LoLALM(HFLM):
             raise ValueError("apply_lola=false evaluates the stock model: drop the LoLA model_args")
         if name is not None:
             from lola import models
-            from lola.data import ByteTokenizer
+            from lola.data.text import ByteTokenizer
 
             dtype = kwargs.pop("dtype", "auto")
             if isinstance(dtype, str):  # "auto", "float32", "bfloat16", …

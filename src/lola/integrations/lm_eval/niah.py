@@ -66,14 +66,14 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> Any:
     """The tokenizer ``lola niah --model NAME_OR_PATH`` uses, without loading the model.
 
     A registered name (``smollm2-135m-instruct``: its GGUF file is fetched once, as by
-    :func:`lola.models.load`; ``tiny-random-llama``: :class:`lola.data.ByteTokenizer`), a
+    :func:`lola.models.load`; ``tiny-random-llama``: :class:`lola.data.text.ByteTokenizer`), a
     ``.gguf`` file, or a Hugging Face folder.
     """
     from lola import models
 
     key = str(name_or_path)
     if key == models.TINY_RANDOM:
-        from lola.data import ByteTokenizer
+        from lola.data.text import ByteTokenizer
 
         return ByteTokenizer()
     from transformers import AutoTokenizer
@@ -191,7 +191,7 @@ def export_niah(
     if not name.isidentifier():
         raise ValueError(f"the task name must be a Python identifier (letters, digits, underscores), got {name!r}")
     out = Path(out_dir).resolve()
-    from lola.outputs import check_output_folder, check_target, write_files
+    from lola.io.outputs import check_output_folder, check_target, write_files
 
     check_output_folder(out, "--out")
     check_target(out / f"{name}.yaml", _exported_by_us, "export-niah")  # before any prompt is built

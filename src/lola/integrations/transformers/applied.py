@@ -13,7 +13,7 @@ import torch
 
 from lola.config import LoLAConfig
 from lola.layer import LoLAAttention
-from lola.model_entry import CONFIG_KEY, config_entry, entry_config
+from lola.pretrained.model_entry import CONFIG_KEY, config_entry, entry_config
 
 __all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "attention_switched", "check_attention_implementation", "config_entry", "saved_config"]
 
@@ -53,7 +53,7 @@ def saved_config(model_config: Any) -> LoLAConfig | None:
     """The :class:`~lola.LoLAConfig` recorded in a transformers config, or ``None``.
 
     Raises ``ValueError`` if the ``lola`` entry is present but not one this version wrote
-    (:func:`lola.model_entry.entry_config`).
+    (:func:`lola.pretrained.model_entry.entry_config`).
     """
     entry = getattr(model_config, CONFIG_KEY, None)
     return None if entry is None else entry_config(entry)

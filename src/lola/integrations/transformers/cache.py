@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from lola.checksums import sha256_file, weights_digest
-from lola.composer import LoLAMemory
+from lola.engine.composer import LoLAMemory
 from lola.integrations.transformers.applied import applied, check_attention_implementation
 from lola.integrations.transformers.attention import announce
+from lola.io.checksums import sha256_file, weights_digest
 from lola.limits import MAX_TOKENS
 
 __all__ = ["LoLACache", "LoLACacheLayer"]
@@ -176,7 +176,7 @@ class LoLACache(Cache):
         """
         from safetensors.torch import save
 
-        from lola.outputs import check_target, write_files
+        from lola.io.outputs import check_target, write_files
 
         self.check_model()
         tensors: dict[str, torch.Tensor] = {}
@@ -218,7 +218,7 @@ class LoLACache(Cache):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from lola.outputs import finish_pending
+        from lola.io.outputs import finish_pending
 
         cache = cls(model)
         if os.path.isdir(directory):
@@ -291,10 +291,10 @@ _TENSOR_NAME = re.compile(r"^cache-[0-9a-f]{16}\.safetensors$")
 
 
 def _read_meta(path: Path) -> Any:
-    """``cache.json``'s content, read by :func:`lola.outputs.read_json` (the one strict JSON
+    """``cache.json``'s content, read by :func:`lola.io.outputs.read_json` (the one strict JSON
     reader: not UTF-8, garbled, a key given twice or not a regular file is a ``ValueError``
     naming it)."""
-    from lola.outputs import read_json
+    from lola.io.outputs import read_json
 
     return read_json(path, "valid JSON (a lola cache description, written by LoLACache.save)")
 

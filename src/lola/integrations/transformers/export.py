@@ -3,7 +3,7 @@
 
 The folder is what ``save_pretrained`` writes after :func:`apply_lola` (the weights with any
 LoRA adapters merged, the LoLA layers' trained parameters as ``…self_attn.lola.…`` tensors,
-``config.json`` with the ``lola`` entry of :mod:`lola.model_entry`) and the tokenizer.
+``config.json`` with the ``lola`` entry of :mod:`lola.pretrained.model_entry`) and the tokenizer.
 :func:`lola.from_pretrained` loads it with LoLA applied; with ``vllm=True`` its
 ``config.json`` also names the ``lola-vllm`` plug-in's architecture, so that ``vllm serve
 FOLDER`` serves it (see the serving guide).
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from lola.config import LoLAConfig
-from lola.model_entry import CONFIG_KEY, ENTRY_FORMAT
+from lola.pretrained.model_entry import CONFIG_KEY, ENTRY_FORMAT
 
 __all__ = ["VLLM_ARCHITECTURE", "check_export_folder", "export_pretrained", "is_exported_folder"]
 
@@ -50,7 +50,7 @@ def check_export_folder(out: str | os.PathLike, option: str = "out") -> Path:
     Raises:
         ValueError: naming ``option`` and the folder.
     """
-    from lola.outputs import check_output_folder
+    from lola.io.outputs import check_output_folder
 
     folder = check_output_folder(out, option)
     if folder.is_dir() and any(folder.iterdir()) and not is_exported_folder(folder):
@@ -73,7 +73,7 @@ def export_pretrained(
     ``model`` itself is not changed: a plain copy of its weights is made (a GGUF-loaded model
     cannot be saved by transformers), LoLA is applied to the copy, LoRA adapters are merged in
     float32, and only then are the weights cast to ``dtype``. Every file goes through
-    :func:`lola.outputs.write_files` (atomic, all or nothing, ``config.json`` last).
+    :func:`lola.io.outputs.write_files` (atomic, all or nothing, ``config.json`` last).
 
     Args:
         model: a stock transformers causal LM (LoLA not applied).
@@ -81,7 +81,7 @@ def export_pretrained(
         out: the folder to write: new, empty, or written by an export
             (:func:`check_export_folder`); the files of an earlier export are replaced.
         config: the LoLA config (default :class:`~lola.LoLAConfig`'s); an unset mixing rule is
-            decided by :mod:`lola.resolve`, and the rule that will run is what is saved.
+            decided by :mod:`lola.pretrained.resolve`, and the rule that will run is what is saved.
         feature_maps: a ``lola linearize`` folder or shipped name (see :func:`apply_lola`).
         dtype: ``"float32"`` (default: the very weights lola computes with), ``"bfloat16"`` or
             ``"float16"``.
@@ -98,7 +98,7 @@ def export_pretrained(
 
     from lola.integrations.transformers.applied import applied
     from lola.integrations.transformers.apply import apply_lola
-    from lola.outputs import write_files
+    from lola.io.outputs import write_files
 
     if applied(model) is not None:
         raise ValueError("export_pretrained applies LoLA itself: give it the stock model (call lola.remove_lola(model) first)")

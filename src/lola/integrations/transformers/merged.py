@@ -4,7 +4,7 @@ it is loaded, so that a folder's ``lora_merged`` flag is a fact about its tensor
 A stage-2 feature-map folder merges LoRA adapters into the model's projections
 (:func:`lola.pretrained.lora.merge_lora`). ``save_pretrained`` on a model with LoLA applied then
 writes, beside ``lora_merged: true``, which tensors hold the merge and their digest
-(:class:`lola.model_entry.MergedProjections`); :func:`check_merged_projections` refuses a folder
+(:class:`lola.pretrained.model_entry.MergedProjections`); :func:`check_merged_projections` refuses a folder
 whose files differ (stock projections put back, another model's weights, a flag edited by hand).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from lola.checksums import tensors_digest
-from lola.model_entry import CONFIG_KEY, ModelEntry, read_entry
+from lola.io.checksums import tensors_digest
+from lola.pretrained.model_entry import CONFIG_KEY, ModelEntry, read_entry
 
 __all__ = ["check_merged_projections", "install_save_hook", "merged_names", "record_merged_projections", "remove_save_hook"]
 

@@ -26,7 +26,7 @@ from lola.integrations.transformers.applied import CONFIG_KEY, config_entry, sav
 from lola.integrations.transformers.apply import apply_lola, remove_lola
 from lola.integrations.transformers.attention import register_attention
 from lola.integrations.transformers.merged import check_merged_projections
-from lola.model_entry import read_entry
+from lola.pretrained.model_entry import read_entry
 
 # CONFIG_KEY, config_entry and saved_config live beside AppliedLoLA; re-exported here, where they are documented.
 __all__ = ["CONFIG_KEY", "config_entry", "from_pretrained", "saved_config"]

@@ -32,7 +32,7 @@ from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.memory.base import QueryBlock
 
 if TYPE_CHECKING:
-    from lola.composer import LoLAMemory
+    from lola.engine.composer import LoLAMemory
 
 __all__ = ["READ_BYTES", "READ_BYTES_CPU", "DecodeRead", "SegmentReads", "take_tokens"]
 

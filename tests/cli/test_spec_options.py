@@ -7,7 +7,7 @@ import typing
 import pytest
 from pydantic import BaseModel, Field
 
-from lola.spec_options import add_spec_options, given_fields
+from lola.cli.spec_options import add_spec_options, given_fields
 
 
 class Spec(BaseModel):
@@ -84,14 +84,14 @@ def test_other_commands_offer_their_spec_s_fields_with_its_defaults(command, cap
 
 def test_perplexity_keeps_its_length_option_as_an_alias():
     from lola.cli import PERPLEXITY_FIELDS, build_parser
-    from lola.spec_options import given_fields
+    from lola.cli.spec_options import given_fields
 
     args = build_parser().parse_args(["perplexity", "--length", "96", "128"])
     assert given_fields(args, PERPLEXITY_FIELDS) == {"lengths": [96, 128]}
 
 
 def test_shared_options_set_every_spec_and_show_each_default():
-    from lola.spec_options import add_shared_options
+    from lola.cli.spec_options import add_shared_options
 
     class First(BaseModel):
         every: int = Field(25, description="steps between saves")

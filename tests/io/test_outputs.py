@@ -1,4 +1,4 @@
-"""``lola.outputs.write_files``: the one way lola writes files.
+"""``lola.io.outputs.write_files``: the one way lola writes files.
 
 Each property is checked on the helper itself; tests/test_hostile_inputs.py checks that every
 writer of the library and the commands goes through it (caches, feature-map folders,
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import lola.outputs
-from lola.outputs import PENDING_FILE, TEMP_PREFIX, check_target, read_json, write_files
+import lola.io.outputs
+from lola.io.outputs import PENDING_FILE, TEMP_PREFIX, check_target, read_json, write_files
 
 
 def _listing(folder: Path) -> dict[str, bytes]:
@@ -30,11 +30,11 @@ def test_writes_every_kind_of_content_in_order(tmp_path):
         order.append(Path(dst).name)
         real(src, dst)
 
-    lola.outputs.os.replace, saved = record, lola.outputs.os.replace
+    lola.io.outputs.os.replace, saved = record, lola.io.outputs.os.replace
     try:
         paths = write_files(tmp_path / "new" / "deep", {"a.bin": b"\x00\x01", "b.txt": "héllo", "c.dat": lambda p: p.write_bytes(b"fn")})
     finally:
-        lola.outputs.os.replace = saved
+        lola.io.outputs.os.replace = saved
     assert order == [PENDING_FILE, "a.bin", "b.txt", "c.dat"]  # the journal first, then the group
     assert [p.name for p in paths] == order[1:]
     assert _listing(tmp_path / "new" / "deep") == {"a.bin": b"\x00\x01", "b.txt": "héllo".encode(), "c.dat": b"fn"}
@@ -147,10 +147,10 @@ def _kill_after(n: int):
 
 @pytest.mark.parametrize("renames", [0, 1, 2])
 def test_a_group_cut_between_renames_is_finished_by_the_next_reader_or_writer(tmp_path, monkeypatch, renames):
-    from lola.outputs import finish_pending
+    from lola.io.outputs import finish_pending
 
     write_files(tmp_path, {"data.bin": b"old data", "meta.json": b'{"v": "old"}'})
-    monkeypatch.setattr(lola.outputs.os, "replace", _kill_after(renames))
+    monkeypatch.setattr(lola.io.outputs.os, "replace", _kill_after(renames))
     with pytest.raises(KeyboardInterrupt):
         write_files(tmp_path, {"data.bin": b"new data", "meta.json": b'{"v": "new"}'}, remove=["gone.txt"])
     monkeypatch.undo()
@@ -165,7 +165,7 @@ def test_a_group_cut_between_renames_is_finished_by_the_next_reader_or_writer(tm
 
 def test_a_cut_group_is_finished_before_the_next_write(tmp_path, monkeypatch):
     write_files(tmp_path, {"a": b"1", "b": b"1"})
-    monkeypatch.setattr(lola.outputs.os, "replace", _kill_after(2))  # the journal and "a"
+    monkeypatch.setattr(lola.io.outputs.os, "replace", _kill_after(2))  # the journal and "a"
     with pytest.raises(KeyboardInterrupt):
         write_files(tmp_path, {"a": b"2", "b": b"2"})
     monkeypatch.undo()
@@ -179,7 +179,7 @@ def test_a_cut_group_is_finished_before_the_next_write(tmp_path, monkeypatch):
     [b"not json", b'{"renames": [["../x", "y"]]}', b'{"renames": [["%s", "../../etc/passwd"]]}' % TEMP_PREFIX.encode(), b'{"renames": [["x", "y"]]}'],
 )
 def test_a_journal_that_is_not_lola_s_is_refused_and_nothing_moves(tmp_path, journal):
-    from lola.outputs import finish_pending
+    from lola.io.outputs import finish_pending
 
     (tmp_path / PENDING_FILE).write_bytes(journal)
     (tmp_path / "x").write_text("keep")
@@ -190,7 +190,7 @@ def test_a_journal_that_is_not_lola_s_is_refused_and_nothing_moves(tmp_path, jou
 
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
 def test_readers_and_outputs_refuse_what_is_not_a_regular_file(tmp_path, kind):
-    from lola.outputs import check_output_file, check_regular_file
+    from lola.io.outputs import check_output_file, check_regular_file
 
     path = tmp_path / "thing.json"
     os.mkfifo(path) if kind == "fifo" else path.mkdir()
@@ -212,10 +212,10 @@ def test_read_json_refuses_a_key_given_twice(tmp_path):
 def test_recovery_never_replaces_a_file_changed_since_the_write_was_cut(tmp_path, monkeypatch):
     """A file edited (or put in place) after the kill is someone's now: the journal names the
     state it expected to replace, and recovery leaves the file and refuses by name."""
-    from lola.outputs import finish_pending
+    from lola.io.outputs import finish_pending
 
     write_files(tmp_path, {"a": b"1", "b": b"1"})
-    monkeypatch.setattr(lola.outputs.os, "replace", _kill_after(2))  # the journal and "a"
+    monkeypatch.setattr(lola.io.outputs.os, "replace", _kill_after(2))  # the journal and "a"
     with pytest.raises(KeyboardInterrupt):
         write_files(tmp_path, {"a": b"2", "b": b"2"})
     monkeypatch.undo()
@@ -227,7 +227,7 @@ def test_recovery_never_replaces_a_file_changed_since_the_write_was_cut(tmp_path
 
 _HOLD = """
 import sys, time
-from lola.outputs import folder_lock
+from lola.io.outputs import folder_lock
 with folder_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -236,7 +236,7 @@ print("released", flush=True)
 
 _WRITER = """
 import sys
-from lola.outputs import write_files
+from lola.io.outputs import write_files
 me, folder = sys.argv[1], sys.argv[2]
 for i in range(40):
     write_files(folder, {"a.txt": f"{me} {i}", "b.txt": f"{me} {i}"})
@@ -255,11 +255,11 @@ def _holder(folder, seconds):
 def test_a_folder_another_process_is_writing_is_waited_for_then_reported_busy(tmp_path, monkeypatch):
     proc = _holder(tmp_path, 3)
     try:
-        monkeypatch.setattr(lola.outputs, "LOCK_WAIT", 0.3)
+        monkeypatch.setattr(lola.io.outputs, "LOCK_WAIT", 0.3)
         with pytest.raises(ValueError, match=r"is busy: another process has been writing into it for 0.3 s"):
             write_files(tmp_path, {"x.txt": "mine"})
         assert not (tmp_path / "x.txt").exists() and not list(tmp_path.glob(f"{TEMP_PREFIX}*"))
-        monkeypatch.setattr(lola.outputs, "LOCK_WAIT", 60.0)
+        monkeypatch.setattr(lola.io.outputs, "LOCK_WAIT", 60.0)
         start = time.monotonic()
         write_files(tmp_path, {"x.txt": "mine"})  # waits for the holder, then writes
         assert (tmp_path / "x.txt").read_text() == "mine" and proc.stdout.readline().strip() == "released"

@@ -53,8 +53,8 @@ def _check_text_sources(sources: Any, option: str = "--text") -> None:
     """Read every text source that is a path now, before a model loads: a missing, empty or
     binary file, or a folder without text, is refused naming ``option`` (registered corpora are
     fetched later, by name)."""
-    from lola.corpora import CORPORA
-    from lola.data import load_documents
+    from lola.data.corpora import CORPORA
+    from lola.data.text import load_documents
 
     if sources is None:
         return
@@ -68,7 +68,7 @@ def _check_text_sources(sources: Any, option: str = "--text") -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from lola.demo import check_demo_args, format_table, run_demo
+    from lola.eval.demo import check_demo_args, format_table, run_demo
 
     check_demo_args(args.length, args.trials, args.budget, prefix="--", seed=args.seed)
     print(f"Needle recall, one attention head, {args.length} tokens, {args.trials} needle depths, exact budget {args.budget} tokens\n")
@@ -131,13 +131,14 @@ LINEARIZE_SHARED = {
 
 def linearize_fields(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The fields of `lola linearize`'s two stage configs that ``args`` gives (stage 1's, stage 2's)."""
-    from lola.spec_options import given_fields
+    from lola.cli.spec_options import given_fields
 
     stage2 = {**LINEARIZE_STAGE2, **{f2: d for d, f2 in LINEARIZE_SHARED.items()}}
     return given_fields(args, [*LINEARIZE_STAGE1, *LINEARIZE_SHARED]), given_fields(args, stage2, stage2)
 
 
 def _niah(args: argparse.Namespace) -> int:
+    from lola.cli.spec_options import given_fields
     from lola.eval.runner import (
         SAMPLES_FILE,
         NiahRun,
@@ -149,7 +150,6 @@ def _niah(args: argparse.Namespace) -> int:
         summarize,
         summarize_by_depth,
     )
-    from lola.spec_options import given_fields
 
     options = _read_config(args.config) if args.config else {}
     options.update(given_fields(args, NIAH_FIELDS))
@@ -177,7 +177,7 @@ def _niah(args: argparse.Namespace) -> int:
     for r in records:
         speed.setdefault(r["method"], []).append(r.get("tokens_per_second", 0.0))
     print("\ntokens/s: " + ", ".join(f"{m} {sum(v) / len(v):.0f}" for m, v in speed.items()))
-    from lola.outputs import read_json
+    from lola.io.outputs import read_json
 
     written = Path(out) / "results.json"  # run_niah writes it with the configs after trained maps filled them in
     ran = read_json(written, "a lola niah results file").get("methods", {}) if written.is_file() else {}
@@ -189,15 +189,15 @@ def _niah(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    from lola.cli.spec_options import given_fields
     from lola.eval.runner import NiahRun
     from lola.eval.state_probe import PLOT_FILE, PROBE_FILE, RECORDS_FILE, format_probe, run_probe, summarize_probe
-    from lola.spec_options import given_fields
 
     options = _read_config(args.config) if args.config else {}
     options.update(given_fields(args, NIAH_FIELDS))
     run = NiahRun(**options)
     out = args.out or f"results/probe-{run.task}"
-    from lola.outputs import check_output_folder
+    from lola.io.outputs import check_output_folder
 
     check_output_folder(out)  # a file or an unwritable place: refused before loading
     if run.feature_maps is not None:
@@ -218,13 +218,13 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from lola.cli.spec_options import given_fields
     from lola.eval.budget_sweep import SWEEP_FILE, BudgetSweep, format_sweep, run_sweep
-    from lola.spec_options import given_fields
 
     sweep = BudgetSweep(**given_fields(args, list(BudgetSweep.model_fields)))
     batch_size = _check_int("--batch-size", 1 if args.batch_size is None else args.batch_size, 1)
     out = args.out or "results/sweep"
-    from lola.outputs import check_output_folder
+    from lola.io.outputs import check_output_folder
 
     check_output_folder(out)  # before loading, as every command's sizes and places
     from lola import models
@@ -243,10 +243,10 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | Non
     """Refuse a ``lola linearize --out`` folder that cannot be written, holds another tool's
     ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run
     (for stage 2 alone, one of stage-1 maps other than ``stage1_maps``)."""
+    from lola.io.outputs import check_output_folder, read_json
     from lola.linearize.checkpoint import load_checkpoint, run_inputs
     from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
     from lola.linearize.transfer import CHECKPOINT_FILE
-    from lola.outputs import check_output_folder, read_json
     from lola.pretrained.folder import CONFIG_FILE, FORMAT, GROUP_FILES, folder_is_ours
 
     check_output_folder(out)
@@ -357,9 +357,9 @@ PERPLEXITY_FIELDS = (
 
 
 def _perplexity(args: argparse.Namespace) -> int:
+    from lola.cli.spec_options import given_fields
     from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
-    from lola.outputs import check_output_file
-    from lola.spec_options import given_fields
+    from lola.io.outputs import check_output_file
 
     run = PerplexityRun(**given_fields(args, PERPLEXITY_FIELDS))
     _check_text_sources(run.text)
@@ -375,7 +375,7 @@ def _perplexity(args: argparse.Namespace) -> int:
         model, tok = models.load(run.model)
     args.interrupted_hint = "nothing was written (perplexity runs do not resume)"
     results = run_perplexity(run, model, tok)
-    from lola.data import describe
+    from lola.data.text import describe
 
     print(
         f"\nheld-out perplexity ({describe(run.text)}, held-out {run.heldout_fraction:.0%}; window {run.window}, sparse {run.sparse_size}, sinks {run.sinks}"
@@ -383,7 +383,7 @@ def _perplexity(args: argparse.Namespace) -> int:
     )
     print(format_perplexity(results))
     if args.out:
-        from lola.outputs import write_files
+        from lola.io.outputs import write_files
 
         out = Path(args.out)
         body = json.dumps({"format": PERPLEXITY_FORMAT, "run": run.model_dump(), "results": results}, indent=2) + "\n"
@@ -395,9 +395,9 @@ def _perplexity(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from lola.cli.spec_options import given_fields
     from lola.eval.calibrate import CalibrateSpec, calibrate
-    from lola.outputs import check_output_file
-    from lola.spec_options import given_fields
+    from lola.io.outputs import check_output_file
 
     try:  # one left unset takes the spec's default
         spec = CalibrateSpec(**given_fields(args, CalibrateSpec.model_fields))
@@ -421,15 +421,15 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _fit_scorer(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from lola.cli.spec_options import given_fields
     from lola.scorers.fit import FitSpec, fit_scorer, format_report
-    from lola.spec_options import given_fields
 
     try:  # the options are FitSpec's fields by name; one left unset takes the spec's default
         spec = FitSpec(**given_fields(args, FitSpec.model_fields))
     except ValidationError as err:
         raise ValueError(describe_validation(err, option_name)) from None
     from lola import models
-    from lola.outputs import check_output_file
+    from lola.io.outputs import check_output_file
     from lola.scorers import is_scorer_file
 
     out = check_output_file(args.out, ours=is_scorer_file, writer="lola fit-scorer")
@@ -489,8 +489,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _read_config(path: str) -> dict:
-    """Options from a JSON or YAML file (keys are NiahRun fields): :func:`lola.outputs.read_mapping`."""
-    from lola.outputs import read_mapping
+    """Options from a JSON or YAML file (keys are NiahRun fields): :func:`lola.io.outputs.read_mapping`."""
+    from lola.io.outputs import read_mapping
 
     return read_mapping(path, "--config")
 
@@ -522,8 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     niah = sub.add_parser("niah", parents=[common], help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
+    from lola.cli.spec_options import add_shared_options, add_spec_options
     from lola.eval.runner import NiahRun
-    from lola.spec_options import add_shared_options, add_spec_options
 
     add_spec_options(niah, NiahRun, NIAH_FIELDS)  # one option per field, its help and default from the spec
     niah.add_argument("--batch-size", dest="batch_size", type=int, help="samples of one length generated as one left-padded batch (default 1)")

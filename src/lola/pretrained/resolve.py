@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lola.config import LoLAConfig
-from lola.model_entry import entry_config, is_entry
+from lola.pretrained.model_entry import entry_config, is_entry
 
 __all__ = ["AUTO_BUDGETS", "PAPER_MIXING", "default_mixing", "has_sparse_cache", "resolve_budgets", "resolve_config", "resolve_mixing", "takes_budgets"]
 
@@ -85,7 +85,7 @@ def resolve_config(
 
     In order: ``config`` is read (a :class:`~lola.LoLAConfig`, a mapping of its fields such as
     vLLM's ``hf_overrides={"lola": {...}}``, the ``lola`` entry that ``save_pretrained`` wrote to
-    a model's ``config.json`` (:mod:`lola.model_entry`), or ``None``: the defaults); the per-head
+    a model's ``config.json`` (:mod:`lola.pretrained.model_entry`), or ``None``: the defaults); the per-head
     sparse ``budgets`` are applied (:func:`resolve_budgets`, ``"auto"`` by ``model``); the
     ``feature_maps``' trained fields fill what the config leaves unset; and the mixing rule, if
     unset, is decided (:func:`default_mixing`) on the config as it will run, budgets included

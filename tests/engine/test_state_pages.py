@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola
-from lola.state_pages import clear_rows
+from lola.engine.state_pages import clear_rows
 
 H, HKV, D = 4, 2, 8
 SLOTS = 6  # pages
@@ -163,7 +163,7 @@ def test_reads_deferred_past_later_writes_see_the_pages_as_they_were(monkeypatch
     """With the reads of a prefill deferred (an accelerator's path), a state bound to one range
     of pages (its slots *are* the pages) or to scattered ones gives the outputs of the state held
     alone: the pages are brought up to date only once every waiting read is done."""
-    import lola.segment_reads as reads
+    import lola.engine.segment_reads as reads
 
     monkeypatch.setattr(reads, "READ_BYTES_CPU", 2**40)
     cfg = lola.LoLAConfig(window=4, chunk=4, sparse_size=3, sinks=2, mixing="lola_authors")
@@ -240,7 +240,7 @@ def test_pages_share_memory_exactly_when_a_byte_is_shared(views):
     """Property: the aliasing test agrees with the set of bytes each page covers wherever the
     pages step through memory alike (one layout's pages; a page of one row); with strides that
     differ it may refuse spans that interleave, but never misses a shared byte."""
-    from lola.state_pages import _overlap
+    from lola.engine.state_pages import _overlap
 
     buf = torch.zeros(6 * 48)
     pages = []

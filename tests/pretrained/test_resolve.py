@@ -6,7 +6,7 @@ import json
 import pytest
 
 import lola
-from lola.resolve import PAPER_MIXING, default_mixing, has_sparse_cache, resolve_config, resolve_mixing
+from lola.pretrained.resolve import PAPER_MIXING, default_mixing, has_sparse_cache, resolve_config, resolve_mixing
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_resolve_config_takes_fields_or_nothing():
 
 
 def test_resolve_config_reads_the_entry_a_saved_model_holds():
-    from lola.model_entry import config_entry
+    from lola.pretrained.model_entry import config_entry
 
     cfg = lola.LoLAConfig(window=12, sparse_size=3, sinks=1, mixing="lolcats", layer_overrides={1: {"sparse_size": 5}})
     entry = config_entry(cfg, lora_merged=True)
@@ -65,7 +65,7 @@ SHIPPED = "smollm2-135m-instruct"
 
 def test_auto_budgets_are_the_models_shipped_ones_where_the_config_takes_them():
     from lola import budgets
-    from lola.resolve import resolve_budgets
+    from lola.pretrained.resolve import resolve_budgets
 
     base = lola.LoLAConfig(sparse_size=192)
     shipped = resolve_budgets(base, "auto", SHIPPED)
@@ -100,7 +100,7 @@ def test_niah_and_the_lm_eval_model_resolve_budgets_alike():
 
 
 def test_niah_perplexity_and_the_lm_eval_model_resolve_one_config_alike():
-    # one resolution (lola.resolve.resolve_config): the same fields and budgets give the same
+    # one resolution (lola.pretrained.resolve.resolve_config): the same fields and budgets give the same
     # config whichever command asks
     from lola.eval.perplexity import PerplexityRun, perplexity_configs
     from lola.eval.runner import NiahRun, method_configs

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lola.data import ByteTokenizer, describe, encode, load_documents, load_text, split_text, token_chunks
+from lola.data.text import ByteTokenizer, describe, encode, load_documents, load_text, split_text, token_chunks
 
 
 def test_files_folders_and_lists(tmp_path):

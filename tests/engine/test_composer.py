@@ -35,7 +35,7 @@ def test_prefill_reads_deferred_and_batched_equal_reads_one_by_one(monkeypatch, 
     accelerators take); one by one (a CPU's) they give the same partials, padded rows too. The
     snapshots survive the writes that follow them (the slots' and, when the output reads it,
     the linear state's: both write in place otherwise)."""
-    import lola.segment_reads as reads
+    import lola.engine.segment_reads as reads
 
     cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8, policy="sre", mixing=mixing)
     q, k, v = _inputs(2, 40, 4, 2, 16)

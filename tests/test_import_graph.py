@@ -281,3 +281,46 @@ def test_lola_has_no_import_cycles() -> None:
     assert "lola.config" in graph and "lola.integrations.transformers.apply" in graph
     found = cycles(graph)
     assert not found, "import cycles inside lola:\n" + "\n".join(found)
+
+
+LIBRARY = (
+    "lola.core",
+    "lola.kernels",
+    "lola.memory",
+    "lola.policies",
+    "lola.engine",
+    "lola.feature_maps",
+    "lola.layer",
+    "lola.config",
+    "lola.schedules",
+    "lola.registry",
+    "lola.limits",
+    "lola.errors",
+)
+"""The inference library: what a LoLA layer needs to run (docs/design.md, "The packages")."""
+APPLICATION = ("lola.cli", "lola.eval", "lola.linearize", "lola.integrations", "lola.models", "lola.data", "lola.methods")
+"""What is built around it: the command, evaluations, training, integrations, model loading, text."""
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_the_library_never_imports_the_application() -> None:
+    """No module of the inference library reaches, through any chain of imports (lazy ones
+    included), a module of the application around it."""
+    graph = import_graph()
+    assert _within("lola.engine.composer", LIBRARY) and _within("lola.eval.niah", APPLICATION)
+    found = []
+    for start in sorted(m for m in graph if _within(m, LIBRARY)):
+        seen, stack = {start}, [(start, [start])]
+        while stack:
+            module, path = stack.pop()
+            for target in sorted(graph.get(module, ())):
+                if target in seen:
+                    continue
+                seen.add(target)
+                if _within(target, APPLICATION):
+                    found.append(" -> ".join([*path, target]))
+                stack.append((target, [*path, target]))
+    assert not found, "the library imports the application:\n" + "\n".join(found[:10])

@@ -164,3 +164,16 @@ def test_api_reference_names_every_public_name(module: str) -> None:
     # A bare name (as in autosummary lists and directives) or one qualified by the module.
     missing = [n for n in names if not re.search(rf"((?<![\w.])|{re.escape(module)}\.){re.escape(n)}\b", text)]
     assert not missing, f"docs/api/{API_PAGES[module]} does not mention {missing} from {module}.__all__"
+
+
+def test_design_names_the_job_of_every_top_level_package_and_module() -> None:
+    """docs/design.md's "The packages" gives each entry of ``src/lola/`` its one-line job: a
+    package or module added, moved or renamed without it fails here."""
+    text = (DOCS / "design.md").read_text(encoding="utf-8")
+    block = text.split("## The packages", 1)[1].split("```", 2)[1]
+    src = Path(lola.__file__).resolve().parent
+    entries = [p.name + "/" for p in src.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    entries += [p.name for p in src.glob("*.py") if p.name != "__init__.py"]
+    missing = [e for e in sorted(entries) if not re.search(rf"(?<![\w/]){re.escape(e)}", block)]
+    assert not missing, f"docs/design.md's package list lacks {missing}"
+    assert len([p for p in src.glob("*.py") if p.name != "__init__.py"]) <= 10, "src/lola/ holds at most 10 top-level modules"

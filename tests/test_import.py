@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 BLOCKER = """
 import sys
 
@@ -74,3 +76,14 @@ def test_inference_with_shipped_maps_loads_no_training_code():
     done = subprocess.run([sys.executable, "-c", APPLY_SHIPPED_MAPS], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("old, new", sorted(__import__("lola._moved", fromlist=["MOVED"]).MOVED.items()))
+def test_moved_modules_import_by_their_old_names_with_a_warning(old, new):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)

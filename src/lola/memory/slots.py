@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from lola.memory.base import EMPTY, KVBlock
+from lola.memory.blocks import EMPTY, KVBlock
 
 __all__ = ["SlotBuffer"]
 

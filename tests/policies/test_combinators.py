@@ -304,6 +304,17 @@ def drawn():
     lola.policies.unregister("drawn_all_test")
 
 
+DRAWN_RUNS = dict(
+    t=st.integers(2, 40),
+    window=st.integers(1, 5),
+    sparse=st.integers(1, 6),
+    chunk=st.integers(1, 4),
+    schedule=st.sampled_from(["chunkwise", "tokenwise"]),
+    seed=st.integers(0, 2**16),
+)
+"""A run of :func:`run_drawn`: sequence length, window, sparse cache, chunk, schedule, seed."""
+
+
 def run_drawn(policy, policy_kwargs, t, window, sparse, chunk, schedule, seed, b=2):
     cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=1, chunk=chunk, schedule=schedule, policy=policy, policy_kwargs=policy_kwargs)
     attn = lola.compose(cfg, num_heads=4, head_dim=4, num_kv_heads=2)
@@ -325,14 +336,7 @@ def top_by_first_score(state, drawn):
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    t=st.integers(2, 40),
-    window=st.integers(1, 5),
-    sparse=st.integers(1, 6),
-    chunk=st.integers(1, 4),
-    schedule=st.sampled_from(["chunkwise", "tokenwise"]),
-    seed=st.integers(0, 2**16),
-)
+@given(**DRAWN_RUNS)
 def test_scored_at_exit_keeps_the_best_first_scores_of_every_token_that_left(drawn, t, window, sparse, chunk, schedule, seed):
     # Whatever the inner policy would say later, the cache is the top-λ, by the score each
     # token got when it first left the window, of every token that has left it; each slot's
@@ -350,14 +354,7 @@ def test_scored_at_exit_keeps_the_best_first_scores_of_every_token_that_left(dra
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    t=st.integers(2, 40),
-    window=st.integers(1, 5),
-    sparse=st.integers(1, 6),
-    chunk=st.integers(1, 4),
-    schedule=st.sampled_from(["chunkwise", "tokenwise"]),
-    seed=st.integers(0, 2**16),
-)
+@given(**DRAWN_RUNS)
 def test_peak_score_ranks_a_cached_token_by_its_highest_score(drawn, t, window, sparse, chunk, schedule, seed):
     # Every candidate is scored at every step; a cached token's tally (its rank) is the highest
     # score it was given since it left the window, and the cache holds the top-λ of the last

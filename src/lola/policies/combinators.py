@@ -273,6 +273,17 @@ def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, 
     return ((similar & above & valid[..., None, :]).sum(dim=-1) >= copies) & valid
 
 
+def _keeping_part(name: str, kwargs: dict[str, Any], keeper: str) -> ScoringPolicy:
+    """The inner policy of a combinator that keeps scores in the slots' tallies (``keeper``): one
+    that neither tallies attention there nor keeps scores of its own."""
+    part = _build(name, kwargs)
+    if getattr(part, "needs_attention", False):
+        raise ValueError(f"policy {name!r} tallies attention in the slots where {keeper} keeps its scores: wrap a policy that does not")
+    if getattr(part, "keeps_scores", False):
+        raise ValueError(f"policy {name!r} keeps its scores already (one part of a policy keeps scores): use it without {keeper}")
+    return part
+
+
 @dataclass(frozen=True)
 class ScoredAtExit(_Composite):
     """Score each token once, when it leaves the window, and rank it by that score for as long
@@ -304,12 +315,7 @@ class ScoredAtExit(_Composite):
     parts: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        part = _build(self.policy, self.policy_kwargs)
-        if getattr(part, "needs_attention", False):
-            raise ValueError(f"policy {self.policy!r} tallies attention in the slots where ScoredAtExit keeps its scores: wrap a policy that does not")
-        if getattr(part, "keeps_scores", False):
-            raise ValueError(f"policy {self.policy!r} keeps its scores already (one part of a policy keeps scores): use it without at_exit")
-        object.__setattr__(self, "parts", (part,))
+        object.__setattr__(self, "parts", (_keeping_part(self.policy, self.policy_kwargs, "at_exit"),))
 
     @property
     def keeps_scores(self) -> bool:
@@ -341,12 +347,7 @@ class PeakScore(_Composite):
     parts: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        part = _build(self.policy, self.policy_kwargs)
-        if getattr(part, "needs_attention", False):
-            raise ValueError(f"policy {self.policy!r} tallies attention in the slots where PeakScore keeps its scores: wrap a policy that does not")
-        if getattr(part, "keeps_scores", False):
-            raise ValueError(f"policy {self.policy!r} keeps its scores already (one part of a policy keeps scores): use it without peak")
-        object.__setattr__(self, "parts", (part,))
+        object.__setattr__(self, "parts", (_keeping_part(self.policy, self.policy_kwargs, "peak"),))
 
     @property
     def keeps_scores(self) -> bool:

@@ -679,7 +679,7 @@ class LoLAMemory:
     def _release_snapshots(self) -> None:
         """No deferred read holds the slots or the linear state any more: writes go in place again."""
         self.slots.shared = False
-        if isinstance(self.linear, LinearState):
+        if getattr(self.linear, "snapshots", False):
             self.linear.shared = False
 
     def _allocate_slots_for(self, state: dict[str, torch.Tensor]) -> None:

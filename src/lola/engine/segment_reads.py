@@ -79,13 +79,11 @@ class SegmentReads:
     """
 
     def __init__(self, memory: "LoLAMemory", q: torch.Tensor, fq: torch.Tensor | None, seen: torch.Tensor, scale: float, *, uniform: bool, track: bool) -> None:
-        from lola.memory.linear_state import LinearState
-
         self.memory, self.q, self.fq, self.seen, self.scale = memory, q, fq, seen, scale
         self.uniform, self.track = uniform, track
         # Snapshots are tensor references only when every memory is a stock slot store read by
         # one kernel call and the linear state is the stock one.
-        self.defer = not track and all(m.reads_block for m in memory.exact_memories) and type(memory.linear) is LinearState
+        self.defer = not track and all(m.reads_block for m in memory.exact_memories) and bool(getattr(memory.linear, "snapshots", False))
         self._groups: list[_Group] = []
         self._waiting: list[_Group] = []
         self._waiting_bytes = 0

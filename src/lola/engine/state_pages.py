@@ -91,14 +91,11 @@ def _claim(memory: "LoLAMemory", page: torch.Tensor, rows: torch.Tensor) -> None
 
 
 def _require_bindable(memory: "LoLAMemory") -> None:
-    from lola.memory.linear_state import LinearState
-    from lola.memory.window import SlidingWindow
-
     # (the write-back of a decoded token assumes the stock ring: token p in slot p % capacity)
-    if not memory._whole or type(memory.linear) is not LinearState or getattr(type(memory.window), "push", None) is not SlidingWindow.push:
+    if not memory._whole or not getattr(memory.linear, "snapshots", False) or not getattr(memory.window, "ring", False):
         raise ValueError(
-            f"{memory!r} cannot be bound to pages: binding needs the stock exact stores (all in the layer's slot buffer, "
-            "the window's ring writes of SlidingWindow) and the stock LinearState"
+            f"{memory!r} cannot be bound to pages: binding needs exact stores kept in the layer's slot buffer (`binds`), "
+            "a window whose token p sits in slot p % capacity (`ring`) and a linear state held as its tensors H, s (`snapshots`)"
         )
 
 

@@ -223,6 +223,22 @@ class ExactStore:
 
     #: Prefix of this store's keys in a composed state dict.
     name = "exact"
+    #: Declared capability: :meth:`read` is exactly the softmax partial over :attr:`block`, so the
+    #: composer may read several stores with one kernel call (and decode with one fused step).
+    reads_block = True
+    #: Declared capability: the store reads and writes its slots only through :attr:`block`, so a
+    #: composer may keep them in its slot buffer.
+    binds = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A subclass that brings a read, or storage, of its own declares what it keeps; one that
+        # does not say loses the capability its override would break (a quantised cache
+        # overriding `read` is read through it), never the other way round.
+        super().__init_subclass__(**kwargs)
+        if "read" in cls.__dict__ and "reads_block" not in cls.__dict__:
+            cls.reads_block = False
+        if ("block" in cls.__dict__ or "allocate" in cls.__dict__) and "binds" not in cls.__dict__:
+            cls.binds = False
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -260,14 +276,6 @@ class ExactStore:
             raise ValueError(f"{slots!r} has no range of {self.capacity} slots named {self.name!r}")
         self._slots, self._own = slots, None
 
-    @property
-    def binds(self) -> bool:
-        """Whether a composer may keep this store's slots in its buffer: the store reads and
-        writes them only through :attr:`block` (a subclass with storage of its own, such as a
-        quantised cache overriding ``block`` or ``allocate``, keeps it)."""
-        cls = type(self)
-        return cls.block is ExactStore.block and cls.allocate is ExactStore.allocate
-
     def _writes_in_place(self) -> bool:
         """Whether this store may write into its slots directly (see
         :meth:`lola.memory.SlotBuffer.writes_in_place`); a store on its own may when autograd
@@ -298,16 +306,6 @@ class ExactStore:
         if self.block is None:
             raise RuntimeError(f"{type(self).__name__} is not allocated yet: write to it first")
         return self.block
-
-    @property
-    def reads_block(self) -> bool:
-        """Whether :meth:`read` is exactly the softmax partial over :attr:`block` (the stock read).
-
-        The composer then reads several such stores with one kernel call over their
-        concatenated slots (and decodes with one fused step). A subclass that overrides
-        :meth:`read` (a quantised or compressed store) is read through its own method.
-        """
-        return type(self).read is ExactStore.read
 
     # -- MemorySystem -------------------------------------------------------------------------
     def read(self, query: QueryBlock, keep_logits: bool = False) -> SoftmaxPartial:

@@ -27,6 +27,17 @@ class LinearState:
     """
 
     name = "linear"
+    #: Declared capability: the state is the tensors ``H, s``; :meth:`snapshot` hands them out and
+    #: the next :meth:`write` replaces them instead of adding into them, so a read may be deferred
+    #: past later writes (and a server's pages may hold them).
+    snapshots = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A subclass with a read, a write or a snapshot of its own keeps the capability only by
+        # declaring it again.
+        super().__init_subclass__(**kwargs)
+        if any(m in cls.__dict__ for m in ("read", "write", "snapshot")) and "snapshots" not in cls.__dict__:
+            cls.snapshots = False
 
     def __init__(self, decay: float = 1.0) -> None:
         if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0.0 < decay <= 1.0:

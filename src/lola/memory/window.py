@@ -25,6 +25,14 @@ class SlidingWindow(ExactStore):
     """
 
     name = "window"
+    #: Declared capability: the token at position ``p`` lives in slot ``p % capacity`` and
+    #: :meth:`push` writes one there (what a server's pages write back, token by token).
+    ring = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if any(m in cls.__dict__ for m in ("append", "push", "pop_oldest")) and "ring" not in cls.__dict__:
+            cls.ring = False
 
     def __init__(self, size: int | list[int], max_pending: int = 1) -> None:
         sizes = [int(x) for x in size] if isinstance(size, (list, tuple)) else [int(size)]

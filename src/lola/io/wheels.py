@@ -34,7 +34,7 @@ def pip_download(requirement: str, folder: Path, pip_args: tuple[str, ...] = (),
     """Run :func:`pip_command`; its progress goes to stderr, or, when ``quiet``, nowhere unless
     it fails (then it is the error's ``output``)."""
     if quiet:
-        subprocess.run([*pip_command(requirement, folder, ("-q", *pip_args))], check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.run(pip_command(requirement, folder, ("-q", *pip_args)), check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     else:
         subprocess.run(pip_command(requirement, folder, pip_args), check=True, stdout=sys.stderr)
 

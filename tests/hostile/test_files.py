@@ -1,32 +1,40 @@
-"""Hostile inputs, class 4 (files): no writer of lola writes through a link, over a file it did
+"""Hostile inputs, class ``files``: no writer of lola writes through a link, over a file it did
 not write, or leaves a half-written group when it is stopped.
 
-The mechanism is :func:`lola.io.outputs.write_files` (tests/io/test_outputs.py); here each writer is
-checked through its public entry point: the feature-map folder (API and ``lola linearize``),
-checkpoints, ``lola niah`` results, ``lola perplexity --out``, budgets (API and ``lola
-calibrate``), and the lm-eval export. ``LoLACache.save`` is covered in
-tests/integrations/transformers/test_cache.py.
+The mechanism is :func:`lola.io.outputs.write_files` (tests/io/test_outputs.py); here each writer
+is checked through its public entry point: the feature-map folder (API and ``lola linearize``),
+checkpoints, ``lola niah`` results (output folders that are files, unwritable, or hold another
+tool's or a damaged run's files; a hard-linked copy resumed), ``lola perplexity --out``, budgets
+(API and ``lola calibrate``), and the lm-eval export. ``LoLACache.save`` is covered in
+tests/integrations/transformers/test_cache.py and test_state.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 from lola.cli import main
+from lola.eval.runner import RESULTS_FORMAT, NiahRun
 from lola.io.outputs import TEMP_PREFIX
-from tests.hostile.common import refused, snapshot, write_random_maps
+from tests.hostile.common import (
+    FULL_NIAH,
+    RUN,
+    refused,
+    snapshot,
+    write_random_maps,
+)
 
 transformers = pytest.importorskip("transformers")
 
-# --- feature-map folders -------------------------------------------------------------------
 
-
-def _write(folder, seed=0, **kwargs):
-    write_random_maps(folder, seed, **kwargs)
+# -- feature-map folders and checkpoints -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["feature_maps.safetensors", "report.json", "finetune_report.json", "lora.safetensors"])
@@ -35,19 +43,19 @@ def test_maps_are_not_written_over_another_tools_files(tmp_path, name):
     out.mkdir()
     (out / name).write_bytes(b"someone else's")
     with pytest.raises(ValueError, match="not written by lola linearize"):
-        _write(out, reports={"report.json": {"ok": 1}})
+        write_random_maps(out, reports={"report.json": {"ok": 1}})
     assert snapshot(out) == {name: b"someone else's"}
 
 
 def test_maps_are_not_written_through_links(tmp_path):
     out = tmp_path / "maps"
-    _write(out)
+    write_random_maps(out)
     victim = tmp_path / "victim.bin"
     victim.write_bytes(b"precious")
     (out / "feature_maps.safetensors").unlink()
     (out / "feature_maps.safetensors").symlink_to(victim)
     with pytest.raises(ValueError, match="symbolic link"):
-        _write(out, seed=1)
+        write_random_maps(out, seed=1)
     assert victim.read_bytes() == b"precious"
 
 
@@ -55,8 +63,8 @@ def test_a_folder_mixed_from_two_runs_is_refused(tmp_path):
     from lola.pretrained.folder import read_feature_maps
 
     a, b = tmp_path / "a", tmp_path / "b"
-    _write(a, seed=0, reports={"report.json": {"run": "a"}})
-    _write(b, seed=1, reports={"report.json": {"run": "b"}})
+    write_random_maps(a, seed=0, reports={"report.json": {"run": "a"}})
+    write_random_maps(b, seed=1, reports={"report.json": {"run": "b"}})
     read_feature_maps(a)
     own = (a / "feature_maps.safetensors").read_bytes()
     shutil.copyfile(b / "feature_maps.safetensors", a / "feature_maps.safetensors")  # a crash between two renames, or a copy by hand
@@ -72,7 +80,7 @@ def test_a_folder_mixed_from_two_runs_is_refused(tmp_path):
 def test_a_description_recording_odd_files_is_refused(tmp_path, files):
     from lola.pretrained.folder import read_feature_maps
 
-    _write(tmp_path / "m")
+    write_random_maps(tmp_path / "m")
     meta = json.loads((tmp_path / "m" / "lola_config.json").read_text())
     meta["files"] = files
     (tmp_path / "m" / "lola_config.json").write_text(json.dumps(meta))
@@ -125,9 +133,21 @@ def test_checkpoints_are_not_written_through_links(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX) or p.suffix == ".tmp"]
 
 
-# --- lola niah, lola perplexity, lola calibrate -----------------------------------------------
+def test_linearize_refuses_foreign_description_and_damaged_checkpoint(tmp_path, capsys, no_model):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "lola_config.json").write_text('{"model": "someone else\'s"}')
+    before = snapshot(out)
+    refused(capsys, ["linearize", "--quick", "--stage", "1", "--out", str(out)], "lola_config.json was not written by lola linearize")
+    assert snapshot(out) == before
+    (out / "lola_config.json").unlink()
+    (out / "checkpoint.pt").write_bytes(b"PK\x03\x04 cut short")
+    before = snapshot(out)
+    refused(capsys, ["linearize", "--quick", "--stage", "1", "--out", str(out)], "checkpoint.pt is not a readable checkpoint")
+    assert snapshot(out) == before
 
-NIAH = ["niah", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "2", "--methods", "full", "--max-new-tokens", "1"]
+
+# -- lola niah's output folder ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["results.json", "samples.jsonl", "accuracy.png", "cache_bytes.png"])
@@ -139,11 +159,123 @@ def test_niah_refuses_links_and_folders_in_a_result_files_place(name, kind, tmp_
     victim.write_text("precious")
     if kind == "link":
         (out / name).symlink_to(victim)
-        refused(capsys, [*NIAH, "--out", str(out)], f"{name} is a symbolic link")
+        refused(capsys, [*FULL_NIAH, "--out", str(out)], f"{name} is a symbolic link")
     else:
         (out / name).mkdir()
-        refused(capsys, [*NIAH, "--out", str(out)], f"{name} exists and is not a plain file")
+        refused(capsys, [*FULL_NIAH, "--out", str(out)], f"{name} exists and is not a plain file")
     assert victim.read_text() == "precious"
+
+
+def test_out_that_is_a_file_or_under_one_is_refused(tmp_path, capsys, no_model):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    refused(capsys, [*FULL_NIAH, "--out", str(afile)], f"--out {afile} is a file, not a folder")
+    refused(capsys, [*FULL_NIAH, "--out", str(afile / "sub")], f"lies under {afile}, which is a file")
+    refused(capsys, ["linearize", "--quick", "--out", str(afile)], "is a file, not a folder")
+    refused(capsys, ["perplexity", "--model", "tiny-random-llama", "--out", str(tmp_path)], "is a folder; give a file name")
+    refused(capsys, ["calibrate", "--model", "tiny-random-llama", "--out", str(tmp_path)], "is a folder; give a file name")
+    assert afile.read_text() == "mine"
+
+
+@pytest.mark.skipif(not Path("/sys").is_dir(), reason="no /sys")
+def test_out_in_an_unwritable_place_is_refused(capsys, no_model):
+    try:
+        os.rmdir(tempfile.mkdtemp(dir="/sys"))
+        pytest.skip("/sys is writable here")
+    except OSError:
+        pass
+    refused(capsys, [*FULL_NIAH, "--out", "/sys/lola-results"], "--out /sys/lola-results: cannot write in /sys")
+    refused(capsys, ["perplexity", "--model", "tiny-random-llama", "--out", "/sys/lola/ppl.json"], "cannot write in /sys")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_out_in_a_read_only_folder_is_refused(tmp_path, capsys, no_model):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        refused(capsys, [*FULL_NIAH, "--out", str(locked / "run")], "cannot write in")
+    finally:
+        locked.chmod(0o700)
+
+
+def _lola_results() -> dict:
+    """The start of the results.json that ``lola niah FULL_NIAH`` writes (its run and format marker)."""
+    from lola.eval.runner import NiahRun
+
+    run = NiahRun(model="tiny-random-llama", lengths=[400], samples=2, methods=["full"], max_new_tokens=1)
+    return {"format": RESULTS_FORMAT, "run": run.model_dump(), "summary": {}}
+
+
+SAMPLE = {"method": "full", "length": 400, "index": 0, "depth": 0.25, "score": 1.0, "cache_bytes": 10, "tokens_per_second": 1.0}
+RESULTS = json.dumps(_lola_results()).encode()
+
+
+def _results_with(**run_changes) -> bytes:
+    """A lola results.json whose run differs from FULL_NIAH's by ``run_changes``."""
+    data = _lola_results()
+    return json.dumps({**data, "run": {**data["run"], **run_changes}}).encode()
+
+
+FOREIGN_FOLDERS = [
+    ("another tool's results.json", {"results.json": b'{"accuracy": 0.5}\n'}, ["results.json was not written by lola niah", "lola-niah-results"]),
+    ("a list as results.json", {"results.json": b"[1, 2]"}, ["was not written by lola niah"]),
+    ("truncated results.json", {"results.json": RESULTS[:40]}, ["results.json is not a lola niah results file: invalid JSON"]),
+    ("binary results.json", {"results.json": b"\x89PNG\r\n"}, ["results.json is not a lola niah results file: not UTF-8"]),
+    ("a plot without results", {"accuracy.png": b"\x89PNG..."}, ["holds accuracy.png but no lola results.json"]),
+    ("samples without results", {"samples.jsonl": b"{}\n"}, ["holds samples.jsonl but no lola results.json"]),
+    (
+        "truncated samples.jsonl",
+        {"results.json": RESULTS, "samples.jsonl": (json.dumps(SAMPLE) + "\n" + json.dumps(SAMPLE)[:30]).encode()},
+        ["samples.jsonl: line 2 is not a complete JSON record", "delete that line"],
+    ),
+    ("foreign samples.jsonl line", {"results.json": RESULTS, "samples.jsonl": b'{"id": 3}\n'}, ["samples.jsonl: line 1 is not a lola niah sample"]),
+    ("a different run", {"results.json": _results_with(samples=3)}, ["holds a different run"]),
+    ("a run this version refuses", {"results.json": _results_with(window=True)}, ["holds a run this version of lola refuses", "window"]),
+]
+
+
+@pytest.mark.parametrize("name, files, fragments", FOREIGN_FOLDERS, ids=[c[0] for c in FOREIGN_FOLDERS])
+def test_niah_out_with_foreign_or_damaged_files_is_refused_and_left_intact(name, files, fragments, tmp_path, capsys, no_model):
+    out = tmp_path / "out"
+    out.mkdir()
+    for file, data in files.items():
+        (out / file).write_bytes(data)
+    before = snapshot(out)
+    refused(capsys, [*FULL_NIAH, "--out", str(out)], *fragments)
+    assert snapshot(out) == before
+
+
+def test_a_run_resumed_in_a_hard_linked_copy_leaves_the_original_alone(tmp_path):
+    import os
+
+    from lola.eval.runner import run_niah
+    from lola.models import tiny_random
+
+    model, tok = tiny_random()
+    run = NiahRun(model="tiny-random-llama", lengths=[400], samples=2, methods=["full"], max_new_tokens=2)
+    run_niah(run, model, tok, tmp_path / "a", progress=False)
+    samples = tmp_path / "a" / "samples.jsonl"
+    samples.write_text(samples.read_text().splitlines()[0] + "\n")  # as if interrupted after one sample
+    (tmp_path / "b").mkdir()
+    for name in ("samples.jsonl", "results.json"):
+        os.link(tmp_path / "a" / name, tmp_path / "b" / name)  # `cp -al a b`
+    before = snapshot(tmp_path / "a")
+    assert len(run_niah(run, model, tok, tmp_path / "b", progress=False)) == 2
+    assert snapshot(tmp_path / "a") == before
+    assert len((tmp_path / "b" / "samples.jsonl").read_text().splitlines()) == 2
+
+
+def test_results_json_replaced_by_a_foreign_file_is_not_written_over(tmp_path):
+    from lola.eval.niah_records import _write_results
+
+    (tmp_path / "results.json").write_text('{"notes": "mine"}')
+    with pytest.raises(ValueError, match="results.json exists and was not written by lola niah"):
+        _write_results(tmp_path / "results.json", RUN, [], {}, {})
+    assert (tmp_path / "results.json").read_text() == '{"notes": "mine"}'
+
+
+# -- lola perplexity, lola calibrate and budgets ---------------------------------------------------
 
 
 def test_perplexity_out_leaves_a_foreign_temporary_file_alone(tmp_path, capsys):
@@ -155,6 +287,14 @@ def test_perplexity_out_leaves_a_foreign_temporary_file_alone(tmp_path, capsys):
     assert foreign_tmp.read_text() == "someone's draft"
     assert json.loads(out.read_text())["format"] == "lola-perplexity-results"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_perplexity_and_calibrate_leave_foreign_files_alone(tmp_path, capsys, no_model):
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": true}\n')
+    refused(capsys, ["perplexity", "--model", "tiny-random-llama", "--out", str(foreign)], "was not written by lola perplexity")
+    refused(capsys, ["calibrate", "--model", "tiny-random-llama", "--out", str(foreign)], "was not written by lola calibrate")
+    assert foreign.read_text() == '{"mine": true}\n'
 
 
 def test_perplexity_and_calibrate_refuse_links(tmp_path, capsys, no_model):
@@ -183,7 +323,7 @@ def test_budgets_save_refuses_foreign_files_and_links(tmp_path):
     assert budgets.load(tmp_path / "b.json") == b
 
 
-# --- lm-eval export ----------------------------------------------------------------------------
+# -- the lm-eval export ----------------------------------------------------------------------------
 
 
 def _export(out, name="t"):
@@ -245,3 +385,10 @@ def test_export_niah_refuses_an_out_that_is_a_file(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ValueError, match="afile is a file, not a folder"):
         _export(tmp_path / "afile")
+
+
+def test_the_export_never_reads_a_fifo_in_its_old_files_place(tmp_path):
+    from lola.integrations.lm_eval.niah import _exported_by_us
+
+    os.mkfifo(tmp_path / "lola_niah_single_1_utils.py")
+    assert _exported_by_us(tmp_path / "lola_niah_single_1_utils.py") is False  # returns, never blocks

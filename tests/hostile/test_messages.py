@@ -1,4 +1,4 @@
-"""Hostile inputs, class 7 (unclear messages): every refusal names the input at fault, on one line.
+"""Hostile inputs, class ``messages``: every refusal names the input at fault, on one line.
 
 The mechanism (:mod:`lola.errors`): registries raise :class:`~lola.errors.UnknownName` (a
 ``KeyError`` whose text is its sentence, never the bare quoted key); an error raised while one
@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 
 from lola.cli import build_parser, main
 from lola.errors import InputError, UnknownName, about, describe, report
+from lola.eval.runner import NiahRun
+from tests.hostile.common import WINDOW_NIAH, refused
 
 transformers = pytest.importorskip("transformers")
-
 SRC = Path(__file__).resolve().parents[2] / "src" / "lola"
-NIAH = ["niah", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "window"]
 
 
 def one_line(err: str, prog: str) -> str:
@@ -39,8 +39,7 @@ def one_line(err: str, prog: str) -> str:
     return lines[0]
 
 
-# ---------------------------------------------------------------------------------------------
-# The mechanism
+# -- the mechanism ---------------------------------------------------------------------------------
 
 
 @given(st.text(min_size=1, max_size=60), st.sampled_from([ValueError, TypeError, KeyError, FileNotFoundError]))
@@ -84,6 +83,50 @@ def test_report_prints_one_line_for_input_errors_and_keeps_tracebacks_for_bugs(c
         report("lola niah", ValueError("bad"), debug=True)
 
 
+def test_a_refused_allocation_is_one_line(capsys):
+    from lola.errors import report
+
+    assert report("lola niah", MemoryError("window 2**24 needs 2.00 GiB on cpu, but only 1.00 GiB is free")) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["niah", "--window", "x"], ["niah", "--lengths"], ["calibrate", "--power", "lots"], ["nope"]])
+def test_argparse_refusals_are_one_line_too(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and "error: " in err and "--help" in err, err
+
+
+def test_messages_quote_a_short_part_of_huge_values():
+    from lola.errors import short_repr
+
+    huge = {"eps": [0.5] * 10**6, "name": "x" * 10**6}
+    assert len(short_repr(huge)) < 400 and short_repr("abc") == "'abc'" and short_repr(-1.0) == "-1.0"
+
+
+def test_debug_flag_and_environment_show_the_traceback(monkeypatch, capsys):
+    with pytest.raises(ValueError, match="--budget"):
+        main(["demo", "--budget", "5", "--debug"])
+    monkeypatch.setenv("LOLA_DEBUG", "1")
+    with pytest.raises(ValueError, match="--budget"):
+        main(["demo", "--budget", "5"])
+    monkeypatch.setenv("LOLA_DEBUG", "0")
+    refused(capsys, ["demo", "--budget", "5"], "--budget")
+
+
+def test_real_bugs_are_not_swallowed(monkeypatch):
+    def broken(**kwargs):
+        raise AttributeError("a bug, not bad input")
+
+    monkeypatch.setattr("lola.eval.demo.run_demo", broken)
+    with pytest.raises(AttributeError, match="a bug"):
+        main(["demo", "--length", "64", "--budget", "16"])
+
+
+# -- unknown names ---------------------------------------------------------------------------------
+
+
 def test_no_lookup_of_user_input_raises_a_bare_key_error():
     """Every ``raise KeyError(...)`` in lola would print as its quoted repr: registries raise
     UnknownName instead (a KeyError still, for callers that catch one)."""
@@ -112,8 +155,8 @@ def test_unknown_names_say_what_is_unknown_and_what_exists(what):
     assert "no-such" in text and ("available" in text or "registered" in text or "shipped" in text), text
 
 
-# ---------------------------------------------------------------------------------------------
-# The examples: templates, export-niah's folder, lm-eval's numbers, budgets of another model
+# -- the examples: templates, export-niah --out, model folders, budgets, lm-eval model_args --------
+
 
 BAD_TEMPLATES = [
     ("--needle", "The {key} is {value} {oops}", "{oops}"),
@@ -132,7 +175,7 @@ BAD_TEMPLATES = [
 def test_niah_names_a_bad_template_before_the_model_loads(option, template, fragment, capsys, no_model, tmp_path):
     given = {"--needle": "The {key} is {value}.", "--question": "What is {key}?", "--answer-prefix": "The {key} is"}
     given[option] = template
-    argv = [*NIAH, "--out", str(tmp_path / "r")] + [x for kv in given.items() for x in kv]
+    argv = [*WINDOW_NIAH, "--out", str(tmp_path / "r")] + [x for kv in given.items() for x in kv]
     assert main(argv) == 2
     line = one_line(capsys.readouterr().err, "lola niah")
     assert option[2:].replace("-", "_") in line and fragment in line, line
@@ -216,6 +259,11 @@ def test_niah_names_a_variant_s_budgets_of_another_model(tmp_path, capsys):
     assert "variants.cal.budgets" in line, line
 
 
+def test_a_variant_budgets_of_the_wrong_type_names_the_variant():
+    with pytest.raises(ValueError, match="variants.cal.budgets"):
+        NiahRun(methods=["lola"], variants={"cal": {"budgets": 8}})
+
+
 def test_budgets_refuse_another_geometry():
     from lola import budgets
 
@@ -224,6 +272,14 @@ def test_budgets_refuse_another_geometry():
     for layers, heads in ((2, cal.num_kv_heads), (cal.num_layers, 1)):
         with pytest.raises(ValueError, match=rf"{cal.num_layers} layers x {cal.num_kv_heads} K/V heads.*{layers} layers x {heads} K/V heads"):
             cal.check_geometry(layers, heads)
+
+
+@pytest.mark.parametrize("arg", ["lola_config", "feature_maps", "budgets"])
+def test_lm_eval_path_model_args_given_a_number_are_named(arg):
+    from lola.integrations.lm_eval.model import lola_config_from_args
+
+    with pytest.raises(TypeError, match=f"model_args {arg}.* must be a name or a path, got 7"):
+        lola_config_from_args(**{arg: 7})
 
 
 @pytest.mark.parametrize("value,expected", [(-1.0, -1), (64.0, 64), (1.5, 1.5), ("-1", "-1"), (True, True), ('{"a": 1}', {"a": 1})])
@@ -264,13 +320,13 @@ def test_lm_eval_names_a_bad_model_arg_on_one_line(arg, niah_tasks, capsys):
     assert len(lines) == 1 and LM_EVAL_BAD_ARGS[arg] in lines[0], lines
 
 
-# ---------------------------------------------------------------------------------------------
-# The class: every option of every command, given a bad value
+# -- every option of every command -----------------------------------------------------------------
+
 
 # The smallest valid run of each command; one option at a time is then replaced.
 BASE = {
-    "niah": [*NIAH[1:], "--out", "r"],
-    "probe": [*NIAH[1:-1], "lola", "--out", "r"],
+    "niah": [*WINDOW_NIAH[1:], "--out", "r"],
+    "probe": [*WINDOW_NIAH[1:-1], "lola", "--out", "r"],
     "sweep": [
         "--model",
         "tiny-random-llama",
@@ -311,6 +367,8 @@ BASE = {
     "linearize": ["--quick", "--out", "lin"],
     "demo": [],
 }
+
+
 # Options for which these values are valid: a negative seed, a folder named "-1".
 VALID = {"--seed": {"-1"}, "--out": {"-1", "no-such-thing"}}
 

@@ -1,6 +1,6 @@
 """``lola.io.outputs.write_files``: the one way lola writes files.
 
-Each property is checked on the helper itself; tests/test_hostile_inputs.py checks that every
+Each property is checked on the helper itself; tests/hostile/test_files.py checks that every
 writer of the library and the commands goes through it (caches, feature-map folders,
 checkpoints, results, budgets, exported tasks).
 """

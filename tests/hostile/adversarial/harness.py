@@ -25,13 +25,12 @@ import io
 import os
 import re
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 CLASSES = ("attention", "state", "resume", "files", "numbers", "refused", "messages")
 OUTCOMES = ("clear", "unclear", "silent", "lost", "oom", "ok", "refused-valid", "timeout")
-
 Check = Callable[[Any, "Ctx"], None]
 
 
@@ -67,7 +66,18 @@ def intact(check: Check | None = None) -> Expect:
 
 @dataclass(frozen=True)
 class Case:
-    """One hostile input: ``run(ctx)`` feeds it to lola; ``expect`` says what should happen."""
+    """One hostile input: ``run(ctx)`` feeds it to lola; ``expect`` says what should happen.
+
+    Attributes:
+        id: a name unique among the cases.
+        cls: its input class, one of :data:`CLASSES`.
+        what: the input, in words.
+        run: ``run(ctx)`` feeds the input to lola.
+        expect: what the right answer is.
+        timeout: seconds before the case counts as hung.
+        batch: the batch of cases it was written in: 1 (before the fixes it led to) or 2 (after
+            them, to check that they hold); 0 until :func:`in_batch` files it.
+    """
 
     id: str
     cls: str
@@ -75,6 +85,12 @@ class Case:
     run: Callable[["Ctx"], Any]
     expect: Expect
     timeout: float = 120.0
+    batch: int = 0
+
+
+def in_batch(batch: int, cases: list[Case]) -> list[Case]:
+    """``cases``, each filed in ``batch``."""
+    return [replace(c, batch=batch) for c in cases]
 
 
 @dataclass

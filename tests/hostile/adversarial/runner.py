@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Case, Ctx, execute
+from .harness import Case, Ctx, execute
 
 GIB = 2**30
 

@@ -1,17 +1,29 @@
-"""Class 6: inputs that should be refused (nothing cast, guessed or dropped).
+"""Adversarial cases of class ``refused``: inputs that should be refused (nothing cast, guessed or
+dropped).
 
-Text files that are not text (or are empty), lengths beyond the model's positions, unknown
-names, entries given twice (duplicate keys in JSON or YAML, a text source listed twice), typos
-in lm-eval model_args, and format-string tricks in the needle templates.
+Batch 1. Text files that are not text (or are empty), lengths beyond the model's positions,
+unknown names, entries given twice (duplicate keys in JSON or YAML, a text source listed twice),
+typos in lm-eval model_args, and format-string tricks in the needle templates.
+
+Batch 2. One text given twice under two names (a hard link), keys given twice in JSON that lola
+reads back other than through ``read_json`` (a feature-map description, ``cache.json``), a truthy
+string for ``force``, a YAML alias bomb and Python tags in ``--config``, a haystack whose only
+sentence is longer than the context (silently dropped), duplicates in the lists of other commands,
+and names one letter-case away from a valid one.
 """
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
-from common import EXPORT, NIAH, PPL, PROSE, hay, lm_eval_model, niah, patched, rehash_maps, tiny, write_maps
-from harness import Case, CaseFailure, Ctx, accept, cli, ensure, export, refuse
 
 import lola
+
+from ...common import rehash_maps, tiny_model, write_random_maps
+from ..builders import EXPORT, LINEARIZE, NIAH, NIAH_LOLA, PPL, PROSE, hay, lm_eval_model, niah, niah_config, niah_option, patched, saved_cache, status, tiny
+from ..harness import Case, CaseFailure, Ctx, accept, cli, either, ensure, export, in_batch, refuse
 
 
 def _status_0(result, ctx):
@@ -37,10 +49,6 @@ def _ppl_text(*names_and_data):
         return cli([*PPL, "--text", *paths])
 
     return run
-
-
-def _niah_config(name: str, text: str):
-    return lambda ctx: niah(ctx, "r", "--config", str(ctx.write(name, text)))
 
 
 def _lm(**kwargs):
@@ -75,7 +83,7 @@ def _float64_maps(ctx: Ctx):
 
     from lola.integrations.transformers import apply_lola
 
-    folder = write_maps(ctx.path("m"))
+    folder = write_random_maps(ctx.path("m"))
     tensors = load_file(folder / "feature_maps.safetensors")
     save_file({k: v.double() for k, v in tensors.items()}, folder / "feature_maps.safetensors")
     rehash_maps(folder)
@@ -129,7 +137,76 @@ def _described(what: str):
 BAD_BYTES = (PROSE * 4).encode()
 BAD_BYTES = b"".join(BAD_BYTES[i : i + 300] + b"\xff" for i in range(0, len(BAD_BYTES), 300))  # ~0.3% undecodable
 
-CASES = [
+
+def _hard_link_pair(ctx: Ctx):
+    a = ctx.write("a.txt", PROSE * 2)
+    os.link(a, ctx.path("link.txt"))
+    return str(a), str(ctx.path("link.txt"))
+
+
+def _duplicate_maps_description(ctx: Ctx):
+    """A feature-map folder whose lola_config.json gives "lola_config" twice (mixing lola_authors,
+    then the real entry); applied to the tiny model."""
+    from lola.integrations.transformers import apply_lola
+
+    folder = write_random_maps(ctx.path("m"))
+    path = folder / "lola_config.json"
+    meta = json.loads(path.read_text())
+    other = json.dumps({**meta["lola_config"], "mixing": "lola_authors"})
+    path.write_text(path.read_text().replace("{", '{"lola_config": ' + other + ",", 1))
+    model, _ = tiny()
+    apply_lola(model, lola.LoLAConfig(sparse_size=0), feature_maps=folder)
+    return model._lola.config.mixing
+
+
+def _duplicate_cache_key(ctx: Ctx):
+    """cache.json with "cumulative_lengths" given twice ([1, 1] first, the saved lengths last)."""
+    from lola.integrations.transformers import LoLACache
+
+    model, _ = saved_cache(ctx.path("c"))
+    path = ctx.path("c/cache.json")
+    path.write_text(path.read_text().replace("{", '{"cumulative_lengths": [1, 1],', 1))
+    return LoLACache.load(ctx.path("c"), model).get_seq_length()
+
+
+def _force_string(ctx: Ctx):
+    from lola.integrations.transformers import apply_lola
+
+    model = tiny_model("mistral", sliding_window=16, max_position_embeddings=256)
+    return apply_lola(model, lola.LoLAConfig(), force="false")
+
+
+def _alias_bomb(ctx: Ctx):
+    """--config whose variant's policy option is a YAML alias bomb: 10**8 leaves from 90 lines."""
+    levels = ["&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    text = "variants:\n  v:\n    policy: sre\n    policy_kwargs:\n      eps: [" + ", ".join(levels) + "]\n"
+    return niah_config(text, argv=NIAH_LOLA)(ctx)
+
+
+def _long_sentence(ctx: Ctx):
+    """A haystack whose one sentence (20,000 words) is longer than the 400-token context."""
+    path = ctx.write("hay.txt", "The " + "long " * 20000 + "end.")
+    return niah(ctx, "r", "--haystack-file", str(path))
+
+
+def _some_haystack(result, ctx):
+    rec = json.loads(ctx.path("r/samples.jsonl").read_text().splitlines()[0])
+    ensure(rec["prompt_tokens"] > 0, "no prompt")
+    raise CaseFailure(f"accepted: the prompts hold no haystack text at all ({rec['prompt_tokens']} tokens of template and needle); the haystack was dropped")
+
+
+def _lm_config(text: str):
+    def run(ctx: Ctx):
+        from lola.integrations.lm_eval.model import LoLALM
+
+        return LoLALM(pretrained="tiny-random-llama", device="cpu", lola_config=str(ctx.write("c.yaml", text)))
+
+    return run
+
+
+# -- batch 1: written before the fixes it led to ----------------------------------------------------
+
+BATCH_1 = [
     Case("ref-haystack-empty-file", "refused", "lola niah --haystack-file with an empty file", _haystack(b""), refuse("hay.txt")),
     Case(
         "ref-haystack-nul-after-64k",
@@ -181,9 +258,9 @@ CASES = [
         lambda ctx: export(["--out", str(ctx.path("tasks")), "--model", "tiny-random-llama", "--lengths", "9000", "--samples", "1"]),
         refuse("9000", check=_described("exported prompts longer than the model can hold")),
     ),
-    Case("ref-niah-unknown-method", "refused", "lola niah --methods fulll", lambda ctx: niah(ctx, "r", "--methods", "fulll"), refuse("fulll")),
-    Case("ref-niah-unknown-model", "refused", "lola niah --model nosuch-model", lambda ctx: niah(ctx, "r", "--model", "nosuch-model"), refuse("nosuch-model")),
-    Case("ref-niah-lengths-negative", "refused", "lola niah --lengths -400", lambda ctx: niah(ctx, "r", "--lengths", "-400"), refuse("--lengths")),
+    niah_option("ref-niah-unknown-method", "refused", "--methods", "fulll", refuse("fulll")),
+    niah_option("ref-niah-unknown-model", "refused", "--model", "nosuch-model", refuse("nosuch-model")),
+    niah_option("ref-niah-lengths-negative", "refused", "--lengths", "-400", refuse("--lengths")),
     Case(
         "ref-perplexity-text-unknown-corpus",
         "refused",
@@ -195,28 +272,28 @@ CASES = [
         "ref-niah-variant-unknown-policy",
         "refused",
         "lola niah --methods lola --config with a variant whose policy is 'nosuch'",
-        lambda ctx: cli([*NIAH[:-1], "lola", "--config", str(ctx.write("opts.yaml", "variants:\n  a:\n    policy: nosuch\n")), "--out", str(ctx.path("r"))]),
+        niah_config("variants:\n  a:\n    policy: nosuch\n", argv=NIAH_LOLA),
         refuse("nosuch"),
     ),
     Case(
         "ref-niah-variants-without-lola",
         "refused",
         "lola niah --methods window --config with a variant (policy 'nosuch'): variants only run with lola",
-        _niah_config("opts.yaml", "variants:\n  a:\n    policy: nosuch\n"),
+        niah_config("variants:\n  a:\n    policy: nosuch\n"),
         refuse("variants", check=_described("the variants were dropped without a word (and never validated)")),
     ),
     Case(
         "ref-niah-config-duplicate-key-yaml",
         "refused",
         "lola niah --config opts.yaml with window: 8 and window: 16",
-        _niah_config("opts.yaml", "window: 8\nwindow: 16\n"),
+        niah_config("window: 8\nwindow: 16\n"),
         refuse("window", check=_described("one of the two values was kept silently")),
     ),
     Case(
         "ref-niah-config-duplicate-key-json",
         "refused",
         'lola niah --config opts.json with {"window": 8, "window": 16}',
-        _niah_config("opts.json", '{"window": 8, "window": 16}'),
+        niah_config('{"window": 8, "window": 16}', "opts.json"),
         refuse("window", check=_described("one of the two values was kept silently")),
     ),
     Case(
@@ -285,3 +362,126 @@ CASES = [
         refuse("smollm2-135m-instruc"),
     ),
 ]
+
+# -- batch 2: written after them, to check that they hold ------------------------------------------
+
+BATCH_2 = [
+    Case(
+        "x2-perplexity-text-hard-linked-twice",
+        "refused",
+        "lola perplexity --text a.txt link.txt where link.txt is a hard link of a.txt (one text, two names)",
+        lambda ctx: cli([*PPL, "--text", *_hard_link_pair(ctx)]),
+        refuse("link.txt|a.txt", check=_described("accepted one file given twice (one half trains, the other is held out)")),
+    ),
+    Case(
+        "x2-linearize-text-hard-linked-twice",
+        "refused",
+        "lola linearize --text a.txt link.txt where link.txt is a hard link of a.txt",
+        lambda ctx: cli([*LINEARIZE, "--text", *_hard_link_pair(ctx), "--out", str(ctx.path("lin"))]),
+        refuse("link.txt|a.txt", check=_described("accepted one file given twice (trained on, then held out)")),
+    ),
+    Case(
+        "x2-maps-description-key-twice",
+        "refused",
+        'a feature-map lola_config.json giving "lola_config" twice (mixing lola_authors first)',
+        _duplicate_maps_description,
+        refuse("lola_config.json", check=_described("one of the two entries was kept silently")),
+    ),
+    Case(
+        "x2-cache-json-key-twice",
+        "refused",
+        'a saved cache.json giving "cumulative_lengths" twice ([1, 1] first)',
+        _duplicate_cache_key,
+        refuse("cache.json", check=_described("one of the two entries was kept silently")),
+    ),
+    Case(
+        "x2-apply-lola-force-string-false",
+        "refused",
+        "apply_lola(Mistral with a binding window, force='false') (a truthy string)",
+        _force_string,
+        refuse("force", check=_described("the string 'false' was taken as force=True: the architecture check was skipped")),
+    ),
+    Case(
+        "x2-niah-config-yaml-alias-bomb",
+        "refused",
+        "lola niah --config: a 2 KB YAML whose aliases expand to 10**8 values (a variant's eps)",
+        _alias_bomb,
+        refuse("eps|--config|opts.yaml"),
+        timeout=40,
+    ),
+    Case(
+        "x2-niah-config-python-tag",
+        "refused",
+        "lola niah --config with a !!python/object/apply tag",
+        niah_config("seed: !!python/object/apply:os.getpid []\n"),
+        refuse("opts.yaml"),
+    ),
+    Case(
+        "x2-niah-config-non-string-key",
+        "refused",
+        "lola niah --config opts.yaml whose key is the int 1",
+        niah_config("1: 2\n"),
+        refuse("opts.yaml"),
+    ),
+    Case(
+        "x2-niah-haystack-one-sentence-too-long",
+        "refused",
+        "lola niah --haystack-file whose only sentence (20,000 words) is longer than the 400-token context",
+        _long_sentence,
+        refuse("--haystack-file|hay.txt", check=_some_haystack),
+    ),
+    Case(
+        "x2-perplexity-methods-twice",
+        "refused",
+        "lola perplexity --methods full full",
+        lambda ctx: cli([*PPL[:-2], "--methods", "full", "full", "--text", str(ctx.write("t.txt", PROSE))]),
+        refuse("methods"),
+    ),
+    Case(
+        "x2-export-lengths-twice",
+        "refused",
+        "export-niah --lengths 512 512",
+        lambda ctx: export(["--out", str(ctx.path("tasks")), *EXPORT[:2], "--lengths", "512", "512", "--samples", "1"]),
+        refuse("lengths"),
+    ),
+    Case(
+        "x2-niah-budgets-capitalised-uniform",
+        "refused",
+        "lola niah --methods lola --budgets Uniform (not the keyword uniform)",
+        lambda ctx: cli([*NIAH_LOLA, "--budgets", "Uniform", "--out", str(ctx.path("r"))]),
+        refuse("Uniform"),
+    ),
+    Case(
+        "x2-niah-task-capitalised", "refused", "lola niah --task NIAH_SINGLE_1", lambda ctx: niah(ctx, "r", "--task", "NIAH_SINGLE_1"), refuse("NIAH_SINGLE_1")
+    ),
+    Case(
+        "x2-niah-methods-empty-name",
+        "refused",
+        "lola niah --methods '' window",
+        lambda ctx: cli([*NIAH[:-1], "", "window", "--out", str(ctx.path("r"))]),
+        refuse("methods"),
+    ),
+    Case(
+        "x2-lm-eval-lola-config-holds-variants",
+        "refused",
+        "lm-eval LoLALM(lola_config=c.yaml) where the file holds lola niah's `variants`",
+        _lm_config("variants:\n  a: {window: 8}\n"),
+        refuse("variants"),
+    ),
+    Case(
+        "x2-niah-feature-maps-empty-folder",
+        "refused",
+        "lola niah --feature-maps an empty folder",
+        lambda ctx: (ctx.path("m").mkdir(), niah(ctx, "r", "--feature-maps", str(ctx.path("m"))))[1],
+        refuse("m"),
+    ),
+    Case(
+        "x2-niah-haystack-only-zero-width-spaces",
+        "refused",
+        "lola niah --haystack-file holding only zero-width spaces (U+200B): no visible text",
+        lambda ctx: niah(ctx, "r", "--haystack-file", str(ctx.write("hay.txt", "\u200b" * 3000))),
+        either("hay.txt", check=status(0)),
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]

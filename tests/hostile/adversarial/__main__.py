@@ -1,18 +1,16 @@
-"""An adversarial pass over lola: hostile inputs of seven classes, each outcome classified.
+"""Run the adversarial pass: hostile inputs of seven classes, each outcome classified.
 
-Run from the repository root::
+From the repository root::
 
-    python benchmarks/adversarial/hostile_pass.py                 # every case
-    python benchmarks/adversarial/hostile_pass.py --only files    # one class
-    python benchmarks/adversarial/hostile_pass.py --case state-linear-s-negative
-    python benchmarks/adversarial/hostile_pass.py --batch 2       # the second batch only
-
-Two batches: batch 1 (``cases_<class>.py``) was written before the fixes it led to; batch 2
-(``cases2_<class>.py``) was written after them, fresh cases to check that the fixes hold.
+    python -m tests.hostile.adversarial                  # every case, both batches
+    python -m tests.hostile.adversarial --only files     # one class
+    python -m tests.hostile.adversarial --case state-linear-s-negative
+    python -m tests.hostile.adversarial --batch 2        # the cases of batch 2 only
+    python -m tests.hostile.adversarial --list           # the cases, without running them
 
 Every case runs in its own forked child under a memory limit (``--limit-gib``, default 6) in
-its own temporary folder. The script prints one row per case (id, class, outcome, message)
-and the counts per class and outcome, and writes ``last_pass.json`` beside itself. It is a
+its own temporary folder. The pass prints one row per case (id, class, outcome, message) and
+the counts per class and outcome, and writes ``last_pass.json`` beside itself. It is a
 measurement: the exit status is 0 whatever the outcomes.
 
 Outcomes: ``clear`` (refused, one line naming the fault), ``unclear`` (refused, but the message
@@ -35,53 +33,27 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 try:
     import lola  # noqa: F401
 except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    sys.path.insert(0, str(HERE.parents[2] / "src"))
 
-import cases2_attention  # noqa: E402
-import cases2_files  # noqa: E402
-import cases2_messages  # noqa: E402
-import cases2_numbers  # noqa: E402
-import cases2_refused  # noqa: E402
-import cases2_resume  # noqa: E402
-import cases2_state  # noqa: E402
-import cases_attention  # noqa: E402
-import cases_files  # noqa: E402
-import cases_messages  # noqa: E402
-import cases_numbers  # noqa: E402
-import cases_refused  # noqa: E402
-import cases_resume  # noqa: E402
-import cases_state  # noqa: E402
-from harness import CLASSES, OUTCOMES, Case, classify  # noqa: E402
-from runner import GIB, check_limit_allows_imports, preload, run_cases  # noqa: E402
-
-MODULES = (cases_attention, cases_state, cases_resume, cases_files, cases_numbers, cases_refused, cases_messages)
-MODULES2 = (cases2_attention, cases2_state, cases2_resume, cases2_files, cases2_numbers, cases2_refused, cases2_messages)
-BATCHES = {"1": MODULES, "2": MODULES2, "all": MODULES + MODULES2}
+from .cases import BATCHES, CASES, problems  # noqa: E402
+from .harness import CLASSES, OUTCOMES, Case, accept, classify  # noqa: E402
+from .runner import GIB, check_limit_allows_imports, preload, run_cases  # noqa: E402
 
 
-def batch_of(case: Case) -> int:
-    """1 or 2: the batch whose modules hold ``case``."""
-    return 2 if any(case in m.CASES for m in MODULES2) else 1
-
-
-def all_cases(batch: str = "all") -> list[Case]:
-    """Every case of ``batch`` ("1", "2" or "all"), checked for unique ids and known classes."""
-    cases = [c for m in BATCHES[batch] for c in m.CASES]
-    seen: set[str] = set()
-    for c in cases:
-        if c.id in seen or c.cls not in CLASSES:
-            raise SystemExit(f"case {c.id!r}: duplicate id or unknown class {c.cls!r}")
-        seen.add(c.id)
-    return cases
+def select(batch: str = "all") -> list[Case]:
+    """The cases of ``batch`` ("1", "2" or "all"), after checking the case modules."""
+    found = problems()
+    if found:
+        raise SystemExit("\n".join(found))
+    return [c for c in CASES if batch == "all" or c.batch == int(batch)]
 
 
 def _limit_probe() -> Case:
-    """A case that must come out ``oom``: it allocates more than the limit allows."""
-    from harness import accept
+    """A case that must come out ``oom``: it allocates more than the limit allows (the harness's
+    own check, of neither batch)."""
 
     def run(ctx):
         import torch
@@ -93,7 +65,7 @@ def _limit_probe() -> Case:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", choices=sorted(BATCHES), default="all", help="1: the first batch, 2: the second, all (default): both")
+    parser.add_argument("--batch", choices=[*map(str, BATCHES), "all"], default="all", help="1: the first batch, 2: the second, all (default): both")
     parser.add_argument("--only", choices=CLASSES, action="append", help="run this class only (repeatable)")
     parser.add_argument("--case", action="append", help="run the case with this id only (repeatable; a trailing * matches a prefix)")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
@@ -102,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
 
-    cases = all_cases(args.batch)
+    cases = select(args.batch)
     if args.json is None:
         args.json = str(HERE / ("last_pass_batch2.json" if args.batch == "2" else "last_pass.json"))
     if args.only:
@@ -133,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             dict(
                 id=case.id,
-                batch=batch_of(case),
+                batch=case.batch,
                 cls=case.cls,
                 what=case.what,
                 expect=case.expect.kind,

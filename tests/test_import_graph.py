@@ -43,24 +43,26 @@ def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST) -> Iterable[ast.Import | ast.ImportFrom]:
-    """Every import statement of ``tree``, at any depth, except the bodies of ``if TYPE_CHECKING:``."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> Iterable[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``, at any depth, except the bodies of ``if TYPE_CHECKING:``
+    (included with ``type_checking``: what a type checker follows)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             stack.extend(node.orelse)  # the `else:` branch does run
             continue
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_edges(name: str, path: Path, modules: Mapping[str, Path], top: str = "lola") -> set[str]:
-    """The ``top…`` modules that module ``name`` (source at ``path``) imports."""
+def import_edges(name: str, path: Path, modules: Mapping[str, Path], top: str = "lola", type_checking: bool = False) -> set[str]:
+    """The ``top…`` modules that module ``name`` (source at ``path``) imports (with
+    ``type_checking``, also under ``if TYPE_CHECKING:``)."""
     is_package = path.name == "__init__.py"
     edges: set[str] = set()
-    for node in _imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    for node in _imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), type_checking):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -114,10 +116,10 @@ def layer_graph(graph: Mapping[str, Iterable[str]], top: str = "lola") -> dict[s
     return layers
 
 
-def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+def import_graph(package_dir: Path = PACKAGE_DIR, type_checking: bool = False) -> dict[str, set[str]]:
     modules = module_files(package_dir)
     top = package_dir.name
-    return {name: import_edges(name, path, modules, top) for name, path in modules.items()}
+    return {name: import_edges(name, path, modules, top, type_checking) for name, path in modules.items()}
 
 
 def strongly_connected_components(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
@@ -232,6 +234,11 @@ def test_edges_follow_the_rules(tmp_path: Path) -> None:
     assert cycles(graph) == [
         "4 modules (pkg.a, pkg.sub, pkg.sub.mod, pkg.sub.other):\n    pkg.a -> pkg.sub -> pkg.sub.mod -> pkg.a\n    pkg.a -> pkg.sub.mod -> pkg.a"
     ]
+    # A type checker follows the `if TYPE_CHECKING:` import too (and the `else:` branch as well).
+    assert import_graph(pkg, type_checking=True)["pkg.sub.other"] == {"pkg.a", "pkg.b", "pkg.sub.mod"}
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.other import lazy\n")
+    assert import_graph(pkg)["pkg.b"] == set()
+    assert import_graph(pkg, type_checking=True)["pkg.b"] == {"pkg.sub", "pkg.sub.other"}
 
 
 def test_importing_a_submodule_initialises_its_packages(tmp_path: Path) -> None:
@@ -281,6 +288,13 @@ def test_lola_has_no_import_cycles() -> None:
     assert "lola.config" in graph and "lola.integrations.transformers.apply" in graph
     found = cycles(graph)
     assert not found, "import cycles inside lola:\n" + "\n".join(found)
+
+
+def test_lola_has_no_import_cycles_for_type_checkers() -> None:
+    # An import under `if TYPE_CHECKING:` hides a cycle from the interpreter, not from a reader:
+    # the two modules still depend on each other.
+    found = cycles(import_graph(type_checking=True))
+    assert not found, "import cycles inside lola through `if TYPE_CHECKING:` imports:\n" + "\n".join(found)
 
 
 LIBRARY = (

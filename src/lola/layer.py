@@ -343,10 +343,10 @@ class LoLAAttention(nn.Module):
             )
         # spec() formats every part; compare it again only when a part was swapped.
         parts = state.parts()
-        if state._spec_checked != (self, parts):
+        if state.validated_for != (self, parts):
             if state.spec() != self._spec:
                 raise ValueError(f"state was built for another configuration: state {state.spec()}, layer {self._spec}")
-            state._spec_checked = (self, parts)
+            state.validated_for = (self, parts)
 
     def _check_owner(self, state: LoLAMemory) -> None:
         """Refuse a state taken by another layer object of the same configuration and geometry

@@ -16,47 +16,6 @@ def _inputs(b, t, h, hkv, d, seed=0):
     return torch.randn(b, t, h, d, generator=g), torch.randn(b, t, hkv, d, generator=g), torch.randn(b, t, hkv, d, generator=g)
 
 
-def test_prefill_scores_per_step_and_reads_each_state_once():
-    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8, policy="sre")
-    attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
-    q, k, v = _inputs(2, 40, 4, 2, 16)
-    with K.record_calls() as calls:
-        attn(q, k, v)
-    ops = {op: n for (op, _), n in calls.items()}
-    # Five blocks, each ending at a step: one scoring per step; the six states the queries see
-    # (one per block, and the last step's for the last query) are read one by one on a CPU.
-    assert ops == {"self_recall_error": 40 // 8, "softmax_partial": 6}
-
-
-@pytest.mark.parametrize("mixing", ["softmax_only", "lola_authors"])
-@pytest.mark.parametrize("padded", [False, True], ids=["uniform rows", "padded rows"])
-def test_prefill_reads_deferred_and_batched_equal_reads_one_by_one(monkeypatch, padded, mixing):
-    """With a snapshot budget the groups' reads wait and run as one batched call (the path
-    accelerators take); one by one (a CPU's) they give the same partials, padded rows too. The
-    snapshots survive the writes that follow them (the slots' and, when the output reads it,
-    the linear state's: both write in place otherwise)."""
-    import lola.engine.segment_reads as reads
-
-    cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=8, policy="sre", mixing=mixing)
-    q, k, v = _inputs(2, 40, 4, 2, 16)
-    mask = torch.ones(2, 40, dtype=torch.bool)
-    if padded:
-        mask[0, :5] = False  # left padding: the rows step at other packed indices
-        mask[1, 33:] = False
-    outs = []
-    for budget in (2**30, 0):
-        monkeypatch.setattr(reads, "READ_BYTES_CPU", budget)
-        attn = lola.compose(cfg, num_heads=4, head_dim=16, num_kv_heads=2)
-        with K.record_calls() as calls, torch.no_grad():  # (under autograd every write copies)
-            outs.append(attn(q, k, v, padding_mask=mask if padded else None)[0])
-        ops = {op: n for (op, _), n in calls.items()}
-        if not padded:
-            # One call for the six groups (the first block's, one per later block with the query
-            # the previous step fell on, the last step's query), or one call per group.
-            assert ops["softmax_partial"] == (1 if budget else 6)
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
-
-
 def test_the_hybrid_linear_part_is_one_chunk_linear_attention_call():
     from lola.linearize.hybrid import hybrid_attention
 
@@ -220,37 +179,13 @@ def test_decode_writes_in_place_between_steps(sparse):
         _, state = attn(q[:, :17], k[:, :17], v[:, :17])
         attn(q[:, 17:18], k[:, 17:18], v[:, 17:18], state=state)  # builds the block
         storage = state.window.block.k.untyped_storage().data_ptr()
-        block = state._exact_slots()
+        block = state.exact_slots()
         for i in range(18, 23):  # the next step falls on position 23
             attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
             assert state.window.block.k.untyped_storage().data_ptr() == storage
-            assert state._exact_slots() is block
+            assert state.exact_slots() is block
         held = sorted(int(p) for p in state.window.block.pos[0, 0] if p >= 0)
         assert held == list(range(23 - 8 - 7, 23))  # 8 kept at the step on 15, then 16..22
-
-
-def test_rows_are_sequence_slots():
-    """Two sequences prefilled alone and written into slots of one batched state decode as they
-    would alone (what a serving engine does with a pool of slots)."""
-    cfg = lola.LoLAConfig(window=6, sparse_size=4, sinks=2, chunk=4, mixing="lolcats")
-    torch.manual_seed(0)
-    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
-    a, b = _inputs(1, 30, 4, 2, 8, seed=1), _inputs(1, 25, 4, 2, 8, seed=2)
-    _, sa = attn(*(x[:, :21] for x in a))
-    _, sb = attn(*(x[:, :13] for x in b))  # a different length: the rows are out of step
-    pool = attn.new_state()
-    pool.allocate(3, 4, 2, 8, attn.feature_dim, torch.float32, torch.device("cpu"))
-    pool.write_rows(torch.tensor([2]), sa)
-    pool.write_rows(torch.tensor([0]), sb)
-    pool.select_rows(torch.tensor([2, 0]))  # drop the unused slot: row 0 = a, row 1 = b
-    for i in range(8):
-        step = [x[:, 21 + i : 22 + i] for x in a], [x[:, 13 + i : 14 + i] for x in b]
-        o_pool, _ = attn(*(torch.cat([u, w]) for u, w in zip(*step)), state=pool)
-        o_a, _ = attn(*step[0], state=sa)
-        o_b, _ = attn(*step[1], state=sb)
-        torch.testing.assert_close(o_pool, torch.cat([o_a, o_b]))
-    with pytest.raises(ValueError, match="one row per row of other"):
-        pool.write_rows(torch.tensor([0, 1]), sa)
 
 
 @pytest.mark.parametrize("mixing", ["softmax_only", "lola_authors"])

@@ -88,7 +88,7 @@ def test_a_layer_keeps_every_exact_slot_in_one_buffer(sparse, tokens):
         assert start == whole.k.shape[2]
         for i in range(17, tokens):  # decode through at least one step (every 8 tokens)
             attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)
-            assert state.slots.whole.k.data_ptr() == base and state._exact_slots() is state.slots.whole
+            assert state.slots.whole.k.data_ptr() == base and state.exact_slots() is state.slots.whole
     held = sorted(int(p) for p in state.window.block.pos[0, 0] if p >= 0)
     assert held[-1] == tokens - 1 and state.nbytes() == state.slots.nbytes() + sum(t.nbytes for t in (*state.linear.state, state.seen))
 

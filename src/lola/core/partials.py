@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SoftmaxPartial", "LinearPartial", "merge_softmax_partials"]
+__all__ = ["SoftmaxPartial", "LinearPartial", "merge_softmax_partials", "read_linear_state"]
 
 
 @dataclass
@@ -66,6 +66,20 @@ class LinearPartial:
 
     num: torch.Tensor
     den: torch.Tensor
+
+
+def read_linear_state(fq: torch.Tensor, H: torch.Tensor, s: torch.Tensor) -> LinearPartial:
+    """The one read of a linear state, in float32: ``num = φ(q)ᵀH``, ``den = φ(q)ᵀs``.
+
+    Args:
+        fq: ``[..., L, F]`` query features; H: ``[..., F, D]``; s: ``[..., F]`` (leading axes
+            broadcast, e.g. ``[B, H]``).
+
+    Returns:
+        ``num [..., L, D]``, ``den [..., L]``.
+    """
+    fq = fq.float()
+    return LinearPartial(num=torch.matmul(fq, H.float()), den=torch.matmul(fq, s.float().unsqueeze(-1)).squeeze(-1))
 
 
 def _rescale(m_part: torch.Tensor, m_total: torch.Tensor) -> torch.Tensor:

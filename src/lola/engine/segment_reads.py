@@ -8,7 +8,7 @@ already written when its group reads, and they are all newer than the carried-ov
 the causal mask by position hides them from it: one read per block, none repeated.
 
 A group's state is kept as tensor references (a *snapshot*): the slot buffer then copies on its
-next write instead of writing in place (:meth:`lola.LoLAMemory._snapshot_exact`), and so does
+next write instead of writing in place (:meth:`lola.LoLAMemory.snapshot_exact`), and so does
 the linear state (:meth:`lola.memory.LinearState.snapshot`). Reads of many groups
 are therefore deferred and computed at once, the groups folded into the batch: one softmax
 partial and one linear read for up to :data:`READ_BYTES` of snapshots, instead of one small
@@ -23,18 +23,16 @@ A decoded token (one per row) is read by :class:`DecodeRead` instead: one fused
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from lola.core.partials import LinearPartial, SoftmaxPartial
+from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials, read_linear_state
+from lola.engine.state import LayerState
+from lola.kernels import decode_step, softmax_partial
 from lola.memory.base import QueryBlock
 
-if TYPE_CHECKING:
-    from lola.engine.composer import LoLAMemory
-
-__all__ = ["READ_BYTES", "READ_BYTES_CPU", "DecodeRead", "SegmentReads", "take_tokens"]
+__all__ = ["READ_BYTES", "READ_BYTES_CPU", "DecodeRead", "SegmentReads", "observe_attention", "read_exact", "take_tokens"]
 
 READ_BYTES = 64 * 2**20
 """Snapshot bytes held on an accelerator before the deferred reads are computed: bounds the
@@ -75,10 +73,10 @@ class SegmentReads:
         uniform: every row has all ``T`` queries and the same block boundaries (starts and
             counts are ints, groups are slices).
         track: the policy scores by attention: each group's weights are given to the memories
-            (:meth:`LoLAMemory._observe`) as it is read, before the next step.
+            (:func:`observe_attention`) as it is read, before the next step.
     """
 
-    def __init__(self, memory: "LoLAMemory", q: torch.Tensor, fq: torch.Tensor | None, seen: torch.Tensor, scale: float, *, uniform: bool, track: bool) -> None:
+    def __init__(self, memory: LayerState, q: torch.Tensor, fq: torch.Tensor | None, seen: torch.Tensor, scale: float, *, uniform: bool, track: bool) -> None:
         self.memory, self.q, self.fq, self.seen, self.scale = memory, q, fq, seen, scale
         self.uniform, self.track = uniform, track
         # Snapshots are tensor references only when every memory is a stock slot store read by
@@ -101,7 +99,7 @@ class SegmentReads:
         group = _Group(query, start, longest, active)
         mem = self.memory
         if self.defer:
-            group.slots = mem._snapshot_exact()
+            group.slots = mem.snapshot_exact()
             group.linear_state = mem.linear.snapshot() if self.fq is not None else ()
             self._waiting.append(group)
             self._waiting_bytes += sum(t.numel() * t.element_size() for s in group.slots for t in s) + sum(
@@ -110,11 +108,11 @@ class SegmentReads:
             if self._waiting_bytes >= (READ_BYTES_CPU if self.q.device.type == "cpu" else READ_BYTES):
                 self.flush()
         else:
-            group.exact, parts = mem._read_exact(query, self.track)
+            group.exact, parts = read_exact(mem, query, self.track)
             group.linear = mem.linear.read(query) if self.fq is not None else None
             if self.track:
                 counted = active if active is not None else torch.ones(query.pos.shape, dtype=torch.bool, device=query.pos.device)
-                mem._observe(parts, group.exact, counted)
+                observe_attention(mem, parts, group.exact, counted)
         self._groups.append(group)
 
     def _query(self, start: int | torch.Tensor, count: int | torch.Tensor) -> tuple[QueryBlock, int, torch.Tensor | None]:
@@ -136,12 +134,10 @@ class SegmentReads:
     def flush(self) -> None:
         """Compute the waiting groups' reads: one softmax-partial and one linear read for all
         of them (groups padded to the longest, folded into the batch)."""
-        from lola.kernels import softmax_partial
-
         groups, self._waiting, self._waiting_bytes = self._waiting, [], 0
         if not groups:
             return
-        self.memory._release_snapshots()  # read below, before any later write
+        self.memory.release_snapshots()  # read below, before any later write
         longest = max(g.count for g in groups)
         n = len(groups)
 
@@ -160,7 +156,8 @@ class SegmentReads:
             fq32 = stack([g.query.fq for g in groups]).float()
             H = _stack([g.linear_state[0] for g in groups])
             s = _stack([g.linear_state[1] for g in groups])
-            lnum, lden = torch.matmul(fq32, H), torch.matmul(fq32, s.unsqueeze(-1)).squeeze(-1)
+            read = read_linear_state(fq32, H, s)
+            lnum, lden = read.num, read.den
         b = groups[0].query.q.shape[0]
         for i, g in enumerate(groups):
             rows, keep = slice(i * b, (i + 1) * b), g.count
@@ -218,7 +215,7 @@ class DecodeRead:
             :data:`lola.core.mixing.MIXING_RULES` name.
     """
 
-    def __init__(self, memory: "LoLAMemory", q: torch.Tensor, fq: torch.Tensor | None, scale: float, gate: torch.Tensor, mixing: str) -> None:
+    def __init__(self, memory: LayerState, q: torch.Tensor, fq: torch.Tensor | None, scale: float, gate: torch.Tensor, mixing: str) -> None:
         self.memory, self.q, self.fq, self.scale, self.gate, self.mixing = memory, q, fq, scale, gate, mixing
         self._out: torch.Tensor | None = None
 
@@ -226,10 +223,8 @@ class DecodeRead:
         """Read the token if ``count`` is 1 (the loop asks for ``0`` queries before a step)."""
         if count == 0:
             return
-        from lola.kernels import decode_step
-
         # Every stored slot is at or before the new token, so all are visible to it.
-        block = self.memory._exact_slots()
+        block = self.memory.exact_slots()
         H, s = self.memory.linear.state if self.fq is not None else (None, None)
         fq = None if self.fq is None else self.fq[:, :, 0]
         self._out = decode_step(self.q[:, :, 0], block.k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, check=False)
@@ -239,6 +234,33 @@ class DecodeRead:
         if self._out is None:
             raise RuntimeError("the token was not read (internal error)")
         return self._out
+
+
+def read_exact(state: LayerState, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, list[SoftmaxPartial]]:
+    """The merged softmax partial of ``query`` over the exact memories (and, when
+    ``keep_logits``, each memory's partial with its logits)."""
+    mems = state.exact_memories
+    if not keep_logits and all(m.reads_block for m in mems):
+        # Stock slot stores: one kernel call over their concatenated slots (the merge of the
+        # per-memory partials, computed at once).
+        block = state.exact_slots()
+        return SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale, check=False)), []
+    parts = [m.read(query, keep_logits) for m in mems]
+    return merge_softmax_partials(parts), parts
+
+
+def observe_attention(state: LayerState, parts: list[SoftmaxPartial], exact: SoftmaxPartial, counted: torch.Tensor) -> None:
+    """Add each slot's softmax weight (normalised over the query's exact set) to its tally."""
+    state.written.ring_only = False
+    m = torch.where(torch.isfinite(exact.max), exact.max, 0.0).unsqueeze(-1)
+    den = exact.den.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
+    for mem, part in zip(state.exact_memories, parts):
+        if mem.capacity == 0:
+            continue
+        w = torch.exp(part.logits - m) / den  # [B, H, L, N]
+        w = (w * counted[:, None, :, None]).sum(dim=2)  # [B, H, N]
+        hs = mem.block.k.shape[1]
+        mem.observe_attention(w.unflatten(1, (hs, -1)).sum(dim=2))
 
 
 def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:

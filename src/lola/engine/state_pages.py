@@ -25,33 +25,19 @@ from __future__ import annotations
 
 import gc
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import torch
 
+from lola.engine.state import LayerState, PageBinding
 from lola.memory.base import EMPTY, KVBlock
 from lola.policies.base import keeps_tallies
-
-if TYPE_CHECKING:
-    from lola.engine.composer import LoLAMemory
 
 __all__ = ["PageBinding", "bind", "check_pages_content", "clear_rows", "page_layout", "sync"]
 
 
-@dataclass
-class PageBinding:
-    """Where a bound state lives: ``pages`` (``{key: [slots, ...]}``), the page of each row
-    (``rows [B]`` int64), and the first page when the rows are one contiguous range (``None``
-    when they are gathered)."""
-
-    pages: dict[str, torch.Tensor]
-    rows: torch.Tensor
-    start: int | None
-
-
 # Every state bound to pages, to find the owner of a page (weak: a dropped state owns nothing).
-_BOUND: "weakref.WeakSet[LoLAMemory]" = weakref.WeakSet()
+_BOUND: "weakref.WeakSet[LayerState]" = weakref.WeakSet()
 
 
 def _row_addresses(page: torch.Tensor, rows: torch.Tensor) -> dict[int, int]:
@@ -60,12 +46,12 @@ def _row_addresses(page: torch.Tensor, rows: torch.Tensor) -> dict[int, int]:
     return {first + r * stride: r for r in rows.tolist()}
 
 
-def _owner_of(memory: "LoLAMemory", page: torch.Tensor, rows: torch.Tensor) -> tuple["LoLAMemory", list[int]] | None:
+def _owner_of(memory: LayerState, page: torch.Tensor, rows: torch.Tensor) -> tuple[LayerState, list[int]] | None:
     """Another live state bound to one of ``rows`` of ``page`` (its ``slots.k``), and those rows."""
     storage = page.untyped_storage().data_ptr()
     wanted = None
     for other in list(_BOUND):
-        bound = other._pages
+        bound = other.binding
         if other is memory or bound is None or bound.pages["slots.k"].untyped_storage().data_ptr() != storage:
             continue
         wanted = _row_addresses(page, rows) if wanted is None else wanted
@@ -75,7 +61,7 @@ def _owner_of(memory: "LoLAMemory", page: torch.Tensor, rows: torch.Tensor) -> t
     return None
 
 
-def _claim(memory: "LoLAMemory", page: torch.Tensor, rows: torch.Tensor) -> None:
+def _claim(memory: LayerState, page: torch.Tensor, rows: torch.Tensor) -> None:
     """Refuse rows another live state is bound to (a dropped state in a reference cycle is
     collected first: it owns nothing)."""
     clash = _owner_of(memory, page, rows)
@@ -90,9 +76,9 @@ def _claim(memory: "LoLAMemory", page: torch.Tensor, rows: torch.Tensor) -> None
         )
 
 
-def _require_bindable(memory: "LoLAMemory") -> None:
+def _require_bindable(memory: LayerState) -> None:
     # (the write-back of a decoded token assumes the stock ring: token p in slot p % capacity)
-    if not memory._whole or not getattr(memory.linear, "snapshots", False) or not getattr(memory.window, "ring", False):
+    if not memory.buffered or not getattr(memory.linear, "snapshots", False) or not getattr(memory.window, "ring", False):
         raise ValueError(
             f"{memory!r} cannot be bound to pages: binding needs exact stores kept in the layer's slot buffer (`binds`), "
             "a window whose token p sits in slot p % capacity (`ring`) and a linear state held as its tensors H, s (`snapshots`)"
@@ -100,7 +86,7 @@ def _require_bindable(memory: "LoLAMemory") -> None:
 
 
 def page_layout(
-    memory: "LoLAMemory", num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, seen: bool = False
+    memory: LayerState, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, seen: bool = False
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Each page's per-row shape and dtype: ``slots.k``, ``slots.v`` ``[Hs, N, D]`` (``dtype``),
     ``slots.pos`` ``[Hs, N]`` int64, ``slots.acc`` ``[Hs, N]`` float32 (policies that tally
@@ -196,7 +182,7 @@ def check_pages_content(pages: Mapping[str, torch.Tensor], rows: torch.Tensor, s
         )
 
 
-def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None, check: bool = True) -> None:
+def bind(memory: LayerState, pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None, check: bool = True) -> None:
     """Make ``memory``'s state the rows ``rows [B]`` of ``pages`` (see the module's text).
 
     Args:
@@ -242,7 +228,7 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
     def take(page: torch.Tensor) -> torch.Tensor:
         return page.narrow(0, start, rows.numel()) if start is not None else page.index_select(0, rows)
 
-    memory.slots._set(
+    memory.slots.use(
         KVBlock(take(pages["slots.k"]), take(pages["slots.v"]), take(pages["slots.pos"]), take(pages["slots.acc"]) if "slots.acc" in pages else None)
     )
     memory.linear.H, memory.linear.s, memory.linear.shared = take(pages["linear.H"]), take(pages["linear.s"]), False
@@ -251,11 +237,11 @@ def bind(memory: "LoLAMemory", pages: Mapping[str, torch.Tensor], rows: torch.Te
         memory.queries.n, memory.queries.sum, memory.queries.sq = (take(pages[f"{name}.{f}"]) for f in ("n", "sum", "sq"))
     memory.seen = (take(pages["seen"]) if "seen" in pages else seen.to(device=k.device, dtype=torch.long)).clone()
     memory.num_heads = H.shape[1]
-    memory._pages = PageBinding(pages, rows, start)
+    memory.binding = PageBinding(pages, rows, start)
     _BOUND.add(memory)
 
 
-def _live(memory: "LoLAMemory") -> dict[str, torch.Tensor]:
+def _live(memory: LayerState) -> dict[str, torch.Tensor]:
     """The bound state's tensors by page key."""
     w = memory.slots.whole
     out = {"slots.k": w.k, "slots.v": w.v, "slots.pos": w.pos, "linear.H": memory.linear.H, "linear.s": memory.linear.s}
@@ -267,14 +253,14 @@ def _live(memory: "LoLAMemory") -> dict[str, torch.Tensor]:
     return out
 
 
-def sync(memory: "LoLAMemory", pushed: torch.Tensor | None) -> None:
+def sync(memory: LayerState, pushed: torch.Tensor | None) -> None:
     """Bring the bound pages up to date after a call.
 
     Args:
         pushed: ``[B]`` the positions written when the call only wrote one ring slot per row
             (a decoded token, no step, nothing else changed), else ``None`` (whole rows).
     """
-    bound = memory._pages
+    bound = memory.binding
     live = {key: t for key, t in _live(memory).items() if key in bound.pages}
     if bound.start is not None:
         # Views: what was written in place is there; a tensor replaced (copy-on-write) is
@@ -286,9 +272,9 @@ def sync(memory: "LoLAMemory", pushed: torch.Tensor | None) -> None:
                 dst.copy_(t)
                 replaced = replaced or key != "seen"
         if replaced:
-            counts = (memory._seen_host, memory._due)  # the host's counts stay known
+            counts = (memory.counts.host, memory.counts.due)  # the host's counts stay known
             bind(memory, bound.pages, bound.rows, None if "seen" in bound.pages else memory.seen, check=False)  # written by the engine
-            memory._seen_host, memory._due = counts
+            memory.counts.host, memory.counts.due = counts
         return
     if pushed is None:
         for key, t in live.items():

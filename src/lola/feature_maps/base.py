@@ -17,7 +17,7 @@ class FeatureMap(nn.Module):
 
     feature_dim: int
     #: Whether every feature is ``>= 0`` (so a linear state's normaliser ``s = Σ φ(k)`` is too);
-    #: a saved state whose ``s`` is negative is then refused (:func:`lola.engine.composer.check_state`).
+    #: a saved state whose ``s`` is negative is then refused (:func:`lola.engine.state_checks.check_state`).
     non_negative: bool = False
 
     def __init__(self, num_heads: int, head_dim: int) -> None:

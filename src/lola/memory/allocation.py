@@ -2,7 +2,7 @@
 names the sizes, not an out-of-memory kill.
 
 A LoLA state is allocated once per layer at a sequence's first call; its size is known from the
-config, the batch and the model's shape, so :meth:`lola.engine.composer.LoLAMemory.allocate` checks it
+config, the batch and the model's shape, so :meth:`lola.LoLAMemory.allocate` checks it
 against the memory the device has free (``torch.cuda.mem_get_info`` on CUDA, the kernel's
 ``MemAvailable`` on the CPU, lowered to what the process's address-space limit and its cgroup's
 memory limit leave) and refuses what cannot fit.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lola.core.partials import LinearPartial
+from lola.core.partials import LinearPartial, read_linear_state
 from lola.memory.base import QueryBlock
 
 __all__ = ["LinearState"]
@@ -71,9 +71,7 @@ class LinearState:
 
     def read(self, query: QueryBlock) -> LinearPartial:
         """``num = φ(q)ᵀH [B, H, L, D]``, ``den = φ(q)ᵀs [B, H, L]``."""
-        H, s = self.state
-        fq = query.fq.float()
-        return LinearPartial(num=torch.matmul(fq, H), den=torch.matmul(fq, s.unsqueeze(-1)).squeeze(-1))
+        return read_linear_state(query.fq, *self.state)
 
     def write(
         self,

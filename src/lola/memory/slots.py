@@ -50,7 +50,7 @@ class SlotBuffer:
     def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, track_attention: bool) -> None:
         """Empty storage for ``batch`` rows and ``heads`` storage heads (every slot empty)."""
         n = self.width
-        self._set(
+        self.use(
             KVBlock(
                 torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
                 torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
@@ -65,7 +65,8 @@ class SlotBuffer:
         self._views = {}
         self.shared = False
 
-    def _set(self, whole: KVBlock) -> None:
+    def use(self, whole: KVBlock) -> None:
+        """Hold ``whole``'s tensors as the buffer (fresh storage, or a server's pages)."""
         self.whole = whole
         self._views = {}
         self.shared = False
@@ -115,7 +116,7 @@ class SlotBuffer:
                     new[f] = None if old is None else old.clone()
                 else:
                     new[f] = torch.slice_scatter(old, getattr(block, f).to(old.dtype), dim=2, start=a, end=b)
-            self._set(KVBlock(**new))
+            self.use(KVBlock(**new))
             return
         for f in changed:
             getattr(view, f).copy_(getattr(block, f))

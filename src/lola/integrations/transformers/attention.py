@@ -11,22 +11,30 @@ from __future__ import annotations
 
 import weakref
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 import torch
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lola.integrations.transformers.cache import LoLACacheLayer
 
 __all__ = ["ATTENTION_NAME", "lola_attention_forward", "register_attention", "segment_padding_mask"]
 
 ATTENTION_NAME = "lola"
-_ANNOUNCED: ContextVar["LoLACacheLayer | None"] = ContextVar("lola_announced_cache_layer", default=None)
+
+
+class AnnouncedLayer(Protocol):
+    """What the attention function reads of the cache layer that announced itself (a
+    :class:`~lola.integrations.transformers.cache.LoLACacheLayer`)."""
+
+    pending_key: torch.Tensor | None  # the key tensor of the update that announced it
+    state: Any  # the layer's LoLAMemory, or None before its first call
+    owner: Callable[[], object] | None  # a weak reference to the attention module it serves
+
+
+_ANNOUNCED: ContextVar[AnnouncedLayer | None] = ContextVar("lola_announced_cache_layer", default=None)
 # The last 4D mask read, its segment length and the padding mask found in it.
 _LAST_MASK: ContextVar[tuple | None] = ContextVar("lola_last_attention_mask", default=None)
 
 
-def announce(layer: "LoLACacheLayer") -> None:
+def announce(layer: AnnouncedLayer) -> None:
     """Called by :meth:`LoLACacheLayer.update`: the next LoLA attention call may use ``layer``."""
     _ANNOUNCED.set(layer)
 

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from lola.core.mixing import MIXING_RULES, check_mixing, linear_share_of, mix_partials, mixing_weights, safe_divide
+from lola.core.partials import read_linear_state
 
 from ..softmax_partial.reference import masked_logits, partials_from_logits
 
@@ -61,7 +62,5 @@ def decode_step(
         return softmax_over_slots(q, k, v, k_pos, scale)
     # One query newer than every stored key: only empty slots are masked.
     e_num, e_den, e_max = partials_from_logits(masked_logits(q[:, :, None], k, None, k_pos, scale), v)
-    fq32 = fq.float().unsqueeze(2)  # [B, H, 1, F]
-    l_num = torch.matmul(fq32, H.float())  # [B, H, 1, D]
-    l_den = torch.matmul(fq32, s.float().unsqueeze(-1)).squeeze(-1)  # [B, H, 1]
-    return mix_partials(e_num, e_den, e_max, l_num, l_den, gate, mixing)[:, :, 0]
+    linear = read_linear_state(fq.unsqueeze(2), H, s)  # [B, H, 1, D], [B, H, 1]
+    return mix_partials(e_num, e_den, e_max, linear.num, linear.den, gate, mixing)[:, :, 0]

@@ -1,0 +1,428 @@
+"""One layer's state: its memories, policy and schedule, the storage they hold, and its rows.
+
+:class:`LayerState` holds what a layer carries from call to call: the exact slots (one
+:class:`~lola.memory.SlotBuffer`, ``[sinks | sparse | window]``), the linear state, the
+policy's statistics and each row's token count (:class:`~lola.engine.row_counts.RowCounts`);
+it allocates them, saves and loads them (:meth:`LayerState.state_dict`), and selects and writes
+rows. The engine's steps are functions over it (:mod:`lola.engine.block_loop`,
+:mod:`lola.engine.select_step`, :mod:`lola.engine.segment_reads`, :mod:`lola.engine.state_pages`);
+:class:`lola.LoLAMemory` adds the calls a layer makes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+
+from lola.engine.row_counts import RowCounts
+from lola.engine.state_checks import StateLayout, check_state, layout_of
+from lola.memory.base import ExactStore, KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
+from lola.memory.linear_state import LinearState
+from lola.memory.query_stats import QueryStatistics
+from lola.memory.sinks import SinkTokens
+from lola.memory.slots import SlotBuffer
+from lola.memory.sparse import SparseCache
+from lola.policies.base import ScoringPolicy, keeps_tallies
+from lola.schedules import UpdateSchedule
+
+__all__ = ["WORKING_COPIES", "LayerState", "PageBinding", "Written"]
+
+WORKING_COPIES = 3
+"""The memory a layer's state is checked against, in copies of the state: itself and the
+out-of-place copies a step makes of its exact memories."""
+
+
+@dataclass
+class PageBinding:
+    """Where a state bound to external buffers lives (:func:`lola.engine.state_pages.bind`):
+    ``pages`` (``{key: [slots, ...]}``), the page of each row (``rows [B]`` int64), and the first
+    page when the rows are one contiguous range (``None`` when they are gathered)."""
+
+    pages: dict[str, torch.Tensor]
+    rows: torch.Tensor
+    start: int | None
+
+
+@dataclass
+class Written:
+    """What a call wrote, for the pages a bound state syncs: ``pushed [B]``, the positions of the
+    one ring slot per row a decoded token took, and whether that is all (``ring_only``)."""
+
+    pushed: torch.Tensor | None = None
+    ring_only: bool = True
+
+
+class LayerState:
+    """The state of one LoLA layer; built and documented as :class:`lola.LoLAMemory` (which adds
+    the calls of the engine)."""
+
+    def __init__(
+        self,
+        *,
+        window: WindowMemory,
+        sparse: SparseMemory,
+        policy: ScoringPolicy,
+        schedule: UpdateSchedule,
+        sinks: SinkMemory | None = None,
+        linear: LinearMemory | None = None,
+        storage: str = "kv_head",
+        queries: QueryStatistics | None = None,
+        layer: int | None = None,
+    ) -> None:
+        linear = linear if linear is not None else LinearState()
+        sinks = sinks if sinks is not None else SinkTokens(0)
+        for part, role, argument in (
+            (sinks, SinkMemory, "sinks"),
+            (window, WindowMemory, "window"),
+            (sparse, SparseMemory, "sparse"),
+            (linear, LinearMemory, "linear"),
+        ):
+            check_role(part, role, argument)
+        # The policy and schedule are duck-typed roles too: checked here, not at the first step.
+        if not callable(getattr(policy, "score", None)):
+            raise TypeError(
+                f"policy must implement lola.policies.ScoringPolicy (a score(candidates, ctx) method): got {type(policy).__name__} "
+                "(build one by name with lola.policies.build)"
+            )
+        period = getattr(schedule, "period", None)
+        if not callable(getattr(schedule, "tokens_until_step", None)) or isinstance(period, bool) or not isinstance(period, int):
+            raise TypeError(
+                f"schedule must implement lola.schedules.UpdateSchedule (an int period and tokens_until_step(seen)): got {type(schedule).__name__} "
+                "(build one by name with lola.schedules.build)"
+            )
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
+            raise TypeError(f"layer must be an int >= 0 or None, got {layer!r}")
+        if window.max_pending < schedule.period:
+            raise ValueError(
+                f"window.max_pending ({window.max_pending}) must be >= schedule.period ({schedule.period}): "
+                "tokens arriving between two steps wait in the window"
+            )
+        if storage not in ("kv_head", "query_head"):
+            raise ValueError(f"storage must be 'kv_head' or 'query_head', got {storage!r}")
+        self.sinks = sinks
+        self.window = window
+        self.sparse = sparse
+        self.linear = linear
+        self.policy = policy
+        self.schedule = schedule
+        self.storage = storage
+        if queries is None and getattr(policy, "needs_queries", False):
+            queries = QueryStatistics(getattr(policy, "query_half_life", 64.0))
+        self.queries = queries
+        self.layer = layer
+        self.layout: StateLayout | None = None
+        self.owner: Callable[[], object] | None = None
+        self.counts = RowCounts()
+        self.num_heads = 0
+        self.validated_for: tuple | None = None  # (layer, parts) a layer last validated
+        # The one buffer of the exact slots, [sinks | sparse | window]: the stock stores are
+        # ranges of it (a custom store that keeps storage of its own stays outside).
+        self.slots = SlotBuffer([(m.name, m.capacity) for m in self.exact_memories if _binds(m)])
+        for m in self.exact_memories:
+            if _binds(m):
+                m.bind(self.slots)
+        self.buffered = all(_binds(m) for m in self.exact_memories)  # the buffer holds every exact slot
+        self.binding: PageBinding | None = None  # external buffers holding this state (bind_pages)
+        self.written = Written()
+
+    @property
+    def seen(self) -> torch.Tensor | None:
+        """``[B]`` int64 real tokens each row has seen (``None`` before allocation)."""
+        return self.counts.seen
+
+    @seen.setter
+    def seen(self, value: torch.Tensor | None) -> None:
+        self.counts.set(value)  # the host copies are read again when asked
+
+    # -- description -----------------------------------------------------------------------------
+    @property
+    def exact_memories(self) -> list:
+        """The softmax memories, in read order: sinks, sparse cache, window."""
+        return [self.sinks, self.sparse, self.window]
+
+    def parts(self) -> tuple:
+        """The component objects (memories, policy, schedule, statistics) and the storage mode."""
+        return (self.sinks, self.window, self.sparse, self.linear, self.policy, self.schedule, self.storage, self.queries)
+
+    def spec(self) -> dict[str, object]:
+        """What a state must match to be used by a layer (its index, capacities, policy,
+        schedule, storage)."""
+        return {
+            "layer": self.layer,
+            "sinks": self.sinks.capacity,
+            "window": _describe(self.window),
+            "max_pending": self.window.max_pending,
+            "sparse": _describe(self.sparse),
+            "policy": _describe(self.policy),
+            "schedule": _describe(self.schedule),
+            "storage": self.storage,
+            "queries": _describe(self.queries),
+        }
+
+    @property
+    def allocated(self) -> bool:
+        return self.seen is not None
+
+    @property
+    def batch_size(self) -> int:
+        """Rows the storage was allocated for (0 before the first call)."""
+        return 0 if self.seen is None else self.seen.shape[0]
+
+    def nbytes(self) -> int:
+        """Bytes this layer's state holds (constant once allocated): the slot buffer, every slot
+        counted, empty or not (per-head sparse sizes give each head the largest head's slots:
+        :meth:`state_dict` saves them ragged), the linear state, the statistics and ``seen``."""
+        if self.seen is None:
+            return 0
+        held = self.slots.nbytes() + self.seen.numel() * self.seen.element_size()
+        for m in self.stateful_parts():
+            if not (_binds(m) and m in self.exact_memories):
+                held += m.nbytes()
+        return held
+
+    # -- allocation and persistence ------------------------------------------------------------
+    def allocate(self, batch: int, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Allocate empty storage: exact memories ``[batch, storage_heads, ·, head_dim]`` in ``dtype``,
+        the linear state ``[batch, num_heads, feature_dim, head_dim]`` in float32.
+
+        Raises:
+            MemoryError: the storage would not fit in the memory the device has free (the
+                message names the sizes it comes from); nothing is allocated then.
+        """
+        from lola.memory.allocation import check_allocation
+
+        track = keeps_tallies(self.policy)
+        slots = {m.name: m.capacity for m in self.exact_memories}
+        element = torch.empty((), dtype=dtype).element_size()
+        per_slot = 2 * head_dim * element + 8 + (4 if track else 0)  # k, v, position, tally
+        linear = num_heads * (feature_dim + 1) * head_dim * 4 + (num_heads * (1 + head_dim + head_dim * head_dim) * 4 if self.queries is not None else 0)
+        need = batch * (storage_heads * sum(slots.values()) * per_slot + linear)
+        sizes = " + ".join(f"{name} {n}" for name, n in slots.items())
+        # A step builds out-of-place copies of the exact memories (the block it attends over, the
+        # buffers of an update): room for the state and two working copies of it is asked for.
+        check_allocation(
+            WORKING_COPIES * need,
+            device,
+            f"one layer's LoLA state ({sizes} slots × {storage_heads} K/V heads × head_dim {head_dim} in {dtype}, "
+            f"a {feature_dim}×{head_dim} linear state per head, batch {batch}; {WORKING_COPIES}× that while a step runs)",
+            held=need,
+        )
+        self.binding = None
+        self.slots.allocate(batch, storage_heads, head_dim, dtype, device, track)
+        for m in self.exact_memories:
+            m.allocate(batch, storage_heads, head_dim, dtype, device, track)  # nothing to do for the buffer's
+        self.linear.allocate(batch, num_heads, feature_dim, head_dim, device)
+        if self.queries is not None:
+            self.queries.allocate(batch, num_heads, head_dim, device)
+        self.seen = torch.zeros(batch, dtype=torch.long, device=device)
+        self.counts.host = [0] * batch
+        self.num_heads = num_heads
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat ``{"seen", "sinks.k", …, "linear.H", "linear.s"}`` tensors (safetensors-ready)."""
+        if self.seen is None:
+            return {}
+        out = {"seen": self.seen}
+        for m in self.stateful_parts():
+            out.update({f"{m.name}.{k}": t for k, t in m.state_dict().items()})
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], check: bool = True) -> None:
+        """Restore what :meth:`state_dict` saved (copies; every held token bit-exact, empty slots
+        zeroed).
+
+        With ``check`` (the default; rows reordered from this very state skip it) the state
+        must hold what a run of this memory could have written (:func:`check_state`): its
+        keys, dtypes and shapes, finite values, ``seen >= 0``, non-negative normalisers, and per
+        row and storage head stored positions ``< seen`` that no two exact slots share.
+
+        Raises:
+            ValueError: naming the tensor and what is wrong.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping of names to tensors (LoLAMemory.state_dict's), got a {type(state).__name__}")
+        if "seen" not in state:
+            raise ValueError("state must contain 'seen' (was it saved by LoLAMemory.state_dict?)")
+        if check:
+            check_state(state, self)
+        self.binding = None
+        self._allocate_slots_for(state)
+        known = {"seen"}
+        for m in self.stateful_parts():
+            part = {k.split(".", 1)[1]: t for k, t in state.items() if k.startswith(m.name + ".")}
+            known |= {f"{m.name}.{k}" for k in part}
+            m.load_state_dict(part)
+        unknown = set(state) - known
+        if unknown:
+            raise ValueError(f"state has unexpected keys {sorted(unknown)}")
+        self.seen = state["seen"].clone()
+        if not self.linear.allocated or self.seen.shape[0] != self.linear.state[0].shape[0]:
+            raise ValueError("state is inconsistent: 'seen' and 'linear.H' disagree on the batch size")
+        self.num_heads = self.linear.state[0].shape[1]
+
+    def reference_state(self, state: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], set[str]] | None:
+        """What a state of this memory holds, for :func:`check_state`: ``(tensors, follow)``.
+
+        Once allocated, its own tensors (``follow`` empty: every dtype is fixed). Before, the
+        tensors of a twin allocated for one row on the ``meta`` device (no memory is used),
+        for the :attr:`layout` its layer declared or, without one, the geometry read off
+        ``state``'s ``linear.H`` and ``window.k``; ``follow`` names the tensors whose dtype is
+        the keys' and values' (the twin is allocated twice, in two dtypes, to tell them).
+        ``None`` when neither tells the geometry, or when a custom part cannot be copied or
+        allocated on ``meta`` (the checks that need no reference still run).
+        """
+        if self.allocated:
+            return self.state_dict(), set()
+        layout = self.layout or layout_of(state or {}, self.linear.name, self.window.name)
+        if layout is None:
+            return None
+        twins = []
+        for dtype in (torch.float16, torch.bfloat16):
+            try:
+                parts = copy.deepcopy((self.sinks, self.window, self.sparse, self.linear, self.queries))  # unallocated: no tensors to copy
+                twin = LayerState(
+                    sinks=parts[0],
+                    window=parts[1],
+                    sparse=parts[2],
+                    linear=parts[3],
+                    queries=parts[4],
+                    policy=self.policy,
+                    schedule=self.schedule,
+                    storage=self.storage,
+                )
+                twin.allocate(1, layout.num_heads, layout.storage_heads, layout.head_dim, layout.feature_dim, dtype, torch.device("meta"))
+            except Exception:  # a custom part that cannot be copied or allocated on meta
+                return None
+            twins.append(twin.state_dict())
+        a, b = twins
+        return a, {k for k in a if a[k].dtype != b[k].dtype}
+
+    # -- rows (sequence slots) -------------------------------------------------------------------
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index [B']`` (int64, repeats allowed) of every state tensor, in that order:
+        beam reordering, dropping finished sequences, or growing a batch."""
+        self._require_allocated()
+        index = self._check_index(index, self.batch_size, "index", repeats=True)
+        self.load_state_dict({k: t.index_select(0, index) for k, t in self.state_dict().items()}, check=False)
+
+    def _check_index(self, index: object, rows: int, name: str, repeats: bool) -> torch.Tensor:
+        """``index`` as a 1-D int64 tensor of rows in ``[0, rows)`` on the state's device, else an
+        error naming ``name`` (:func:`lola.core.checks.require`: no wait on an accelerator)."""
+        if not isinstance(index, torch.Tensor):
+            raise TypeError(f"{name} must be a 1-D int64 tensor of rows, got a {type(index).__name__}")
+        if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+            raise TypeError(f"{name} must be a tensor of int rows, got {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D tensor of rows, got shape {tuple(index.shape)}")
+        from lola.core.checks import require
+
+        index = index.to(device=self.seen.device, dtype=torch.long)
+        # (beam search reorders every layer at every step: on an accelerator this is an asynchronous assert)
+        if index.numel() and not require((index.amin() >= 0) & (index.amax() < rows), f"{name} must hold rows in [0, {rows})"):
+            raise ValueError(f"{name} must hold rows in [0, {rows}) (the state's batch), got {index.tolist()[:8]}")
+        if not repeats and index.unique().numel() != index.numel():
+            raise ValueError(f"{name} must name each row once (two rows written to one would overwrite each other), got {index.tolist()[:8]}")
+        return index
+
+    def write_rows(self, index: torch.Tensor, other: LayerState) -> None:
+        """Copy every row of ``other`` into rows ``index [B_other]`` of this state.
+
+        Rows are independent sequences (the schedule, ring slots and positions of a row depend
+        on that row alone), so a serving engine can prefill a request in a state of its own and
+        place it in a slot of a batched state, then decode the batch (tested against decoding
+        each sequence alone).
+        """
+        self._require_allocated()
+        if not isinstance(other, LayerState):
+            raise TypeError(f"other must be a LoLAMemory, got a {type(other).__name__}")
+        if not other.allocated:
+            raise ValueError("other is not allocated: it holds no rows to write (run it on a sequence first)")
+        theirs = other.state_dict()
+        ours = self.state_dict()
+        if theirs.keys() != ours.keys() or other.spec() != self.spec():
+            raise ValueError(f"other was built for another configuration: {other.spec()} vs {self.spec()}")
+        index = self._check_index(index, self.batch_size, "index", repeats=False)
+        if index.shape != (other.batch_size,):
+            raise ValueError(f"index must give one row per row of other ({other.batch_size}), got shape {tuple(index.shape)}")
+        self.load_state_dict({k: t.index_copy(0, index, theirs[k].to(t.device)) for k, t in ours.items()}, check=False)
+
+    def _require_allocated(self) -> None:
+        if self.seen is None:
+            raise RuntimeError("LoLAMemory is not allocated: call allocate() first")
+
+    def reset(self) -> None:
+        """Forget everything; the next call allocates afresh."""
+        for m in self.stateful_parts():
+            m.reset()
+        self.slots.reset()
+        self.binding = None
+        self.seen = None
+        self.num_heads = 0
+
+    def stateful_parts(self) -> list:
+        return [*self.exact_memories, self.linear, *([self.queries] if self.queries is not None else [])]
+
+    def exact_slots(self) -> KVBlock:
+        """Every exact slot, ``[sinks | sparse | window]``, as one block: the slot buffer itself
+        (no copy) when it holds them all; with a custom store of its own, the stores' blocks
+        concatenated (a copy per call)."""
+        if self.buffered:
+            return self.slots.whole
+        return KVBlock.cat([m.block for m in self.exact_memories if m.capacity])
+
+    def snapshot_exact(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The exact slots as they are now, ``(k, v, pos)`` per block, for a read deferred past
+        later writes: the buffer's next write copies instead of overwriting them
+        (:meth:`_release_snapshots` when the deferred reads are done)."""
+        if self.buffered:
+            w = self.slots.snapshot()
+            return [(w.k, w.v, w.pos)]
+        if self.slots.allocated:
+            self.slots.snapshot()
+        return [(m.block.k, m.block.v, m.block.pos) for m in self.exact_memories if m.capacity]
+
+    def release_snapshots(self) -> None:
+        """No deferred read holds the slots or the linear state any more: writes go in place again."""
+        self.slots.shared = False
+        if getattr(self.linear, "snapshots", False):
+            self.linear.shared = False
+
+    def _allocate_slots_for(self, state: dict[str, torch.Tensor]) -> None:
+        """A fresh slot buffer of the geometry ``state`` holds (rows from ``seen``; heads, ``D``,
+        dtype and device from a stored memory's keys; attention tallies if it has them), for
+        the stores to load into."""
+        for m in self.exact_memories:
+            k = state.get(f"{m.name}.k")
+            if not _binds(m) or not isinstance(k, torch.Tensor) or k.dim() != 4:
+                continue
+            ragged = isinstance(m, SparseCache) and m.head_sizes is not None
+            heads = len(m.head_sizes) if ragged else k.shape[1]
+            track = any(key.endswith(".acc") for key in state)
+            self.slots.allocate(state["seen"].shape[0], heads, k.shape[3], k.dtype, k.device, track)
+            return
+        self.slots.reset()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(sinks={self.sinks!r}, window={self.window!r}, sparse={self.sparse!r}, "
+            f"policy={self.policy!r}, schedule={self.schedule!r}, storage={self.storage!r}"
+            + (f", queries={self.queries!r}" if self.queries is not None else "")
+            + ")"
+        )
+
+
+def _binds(memory: object) -> bool:
+    """Whether ``memory`` keeps its slots in its composer's buffer (a stock store, or a subclass
+    that reads and writes them only through ``block``)."""
+    return isinstance(memory, ExactStore) and memory.binds
+
+
+def _describe(part: object) -> str:
+    """``repr(part)``, or its class and capacity when the class keeps object's default repr
+    (which names a memory address and would make every fresh state look different)."""
+    if type(part).__repr__ is object.__repr__:
+        return f"{type(part).__module__}.{type(part).__qualname__}(capacity={getattr(part, 'capacity', None)})"
+    return repr(part)

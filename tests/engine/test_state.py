@@ -1,0 +1,36 @@
+"""A layer's state (lola.engine.state): rows are sequence slots that can be written, selected
+and reordered."""
+
+import pytest
+import torch
+
+import lola
+
+
+def _inputs(b, t, h, hkv, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, t, h, d, generator=g), torch.randn(b, t, hkv, d, generator=g), torch.randn(b, t, hkv, d, generator=g)
+
+
+def test_rows_are_sequence_slots():
+    """Two sequences prefilled alone and written into slots of one batched state decode as they
+    would alone (what a serving engine does with a pool of slots)."""
+    cfg = lola.LoLAConfig(window=6, sparse_size=4, sinks=2, chunk=4, mixing="lolcats")
+    torch.manual_seed(0)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    a, b = _inputs(1, 30, 4, 2, 8, seed=1), _inputs(1, 25, 4, 2, 8, seed=2)
+    _, sa = attn(*(x[:, :21] for x in a))
+    _, sb = attn(*(x[:, :13] for x in b))  # a different length: the rows are out of step
+    pool = attn.new_state()
+    pool.allocate(3, 4, 2, 8, attn.feature_dim, torch.float32, torch.device("cpu"))
+    pool.write_rows(torch.tensor([2]), sa)
+    pool.write_rows(torch.tensor([0]), sb)
+    pool.select_rows(torch.tensor([2, 0]))  # drop the unused slot: row 0 = a, row 1 = b
+    for i in range(8):
+        step = [x[:, 21 + i : 22 + i] for x in a], [x[:, 13 + i : 14 + i] for x in b]
+        o_pool, _ = attn(*(torch.cat([u, w]) for u, w in zip(*step)), state=pool)
+        o_a, _ = attn(*step[0], state=sa)
+        o_b, _ = attn(*step[1], state=sb)
+        torch.testing.assert_close(o_pool, torch.cat([o_a, o_b]))
+    with pytest.raises(ValueError, match="one row per row of other"):
+        pool.write_rows(torch.tensor([0, 1]), sa)

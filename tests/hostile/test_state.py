@@ -1,7 +1,7 @@
 """Hostile inputs, class ``state``: a state or a saved cache no run could have written is refused
 when it is loaded, naming the tensor (or the file and the tensor).
 
-The mechanism: :func:`lola.engine.composer.check_state`, run by ``LoLAMemory.load_state_dict``
+The mechanism: :func:`lola.engine.state_checks.check_state`, run by ``LoLAMemory.load_state_dict``
 (and so by ``LoLACache.load``) for every state that comes from outside, compares it with what
 the memory holds (:meth:`~lola.LoLAMemory.reference_state`): keys, dtypes, shapes but the batch,
 finite values, positions, and sums of non-negative terms. A state belongs to one layer
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import lola
-from lola.engine.composer import check_state
+from lola.engine.state_checks import check_state
 from lola.layer import compose, memory_from_config
 from tests.hostile.common import CFG, Case, cut, edit_cache, ids, layer, make_file, make_folder, padded_mask, params, run_layer, tiny_lola
 
@@ -104,7 +104,7 @@ def test_a_valid_state_loads_and_reproduces():
         else:
             torch.testing.assert_close(t, sd[k], rtol=0, atol=0)
     state.select_rows(torch.tensor([1, 0, 1]))  # reordering skips the check, and stays valid
-    from lola.engine.composer import check_state
+    from lola.engine.state_checks import check_state
 
     check_state(state.state_dict())
 

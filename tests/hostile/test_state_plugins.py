@@ -2,7 +2,7 @@
 misbehave are named where they answer, never left to corrupt a state.
 
 Schedules answer within their period and with token counts on every path that asks them
-(``LoLAMemory._ask_schedule`` / ``_check_until``); a policy plug-in's failures and answers are
+(``lola.engine.row_counts.ask_schedule`` / ``check_until``); a policy plug-in's failures and answers are
 named by its registered name at the select step, tokens always outrank empty slots
 (``SparseCache.select``), factory functions register, and options are strict numbers
 (:func:`lola.policies.registry.options_schema`); ``LoLAMemory`` checks the parts it is given
@@ -64,7 +64,7 @@ def _decode(attn, state, period: int = 4) -> None:
 
 
 class TestSchedulesAnswerWithinTheirPeriod:
-    """``_check_until``: every path that asks the schedule refuses an answer outside 1..period."""
+    """``check_until``: every path that asks the schedule refuses an answer outside 1..period."""
 
     PATHS = ["attend-in-step", "attend-per-row", "decode-in-step", "decode-per-row"]
 
@@ -122,7 +122,7 @@ def answering():
 
 
 class TestSchedulesAnswerWithTokenCounts:
-    """``LoLAMemory._ask_schedule``: the one way the composer asks a schedule; a failure or an
+    """``ask_schedule``: the one way the engine asks a schedule; a failure or an
     answer that is not an integer tensor like ``seen`` is named by the schedule, on every path."""
 
     ANSWERS = [

@@ -415,15 +415,15 @@ def test_scored_at_exit_state_round_trips_and_is_checked(drawn):
     saved = {k: x.clone() for k, x in state.state_dict().items()}
     tallies = [k for k in saved if k.endswith(".acc")]
     assert tallies
-    lola.engine.composer.check_state(saved, state)
+    lola.engine.state_checks.check_state(saved, state)
     negative = {k: (x - 100.0 if k in tallies else x) for k, x in saved.items()}
-    lola.engine.composer.check_state(negative, state)  # kept scores may be negative, unlike attention tallies
+    lola.engine.state_checks.check_state(negative, state)  # kept scores may be negative, unlike attention tallies
     bad = {k: (x.clone().fill_(float("inf")) if k in tallies else x) for k, x in saved.items()}
     with pytest.raises(ValueError, match="non-finite"):
-        lola.engine.composer.check_state(bad, state)
+        lola.engine.state_checks.check_state(bad, state)
     # A state saved by a policy that keeps no scores lacks them, and says so.
     with pytest.raises(ValueError, match="lacks them"):
-        lola.engine.composer.check_state({k: x for k, x in saved.items() if k not in tallies}, state)
+        lola.engine.state_checks.check_state({k: x for k, x in saved.items() if k not in tallies}, state)
 
 
 def test_scored_at_exit_refuses_what_it_cannot_hold():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from lola.engine.row_counts import ask_schedule, check_until
-from lola.engine.segment_reads import DecodeRead, SegmentReads, take_tokens
+from lola.engine.segment_reads import DecodeRead, SegmentReads, gather_tokens
 from lola.engine.select_step import FeatureFn, step
 from lola.engine.state import LayerState, Written
 from lola.engine.state_pages import sync
@@ -77,9 +77,9 @@ def run_blocks(
             active = j[None, :] < length[:, None]  # [B, L]
             idx = (offset[:, None] + j).clamp(max=t - 1)
             pos = torch.where(active, state.seen[:, None] + j, -1)
-            k_c, v_c = take_tokens(k, idx), take_tokens(v, idx)
+            k_c, v_c = gather_tokens(k, idx), gather_tokens(v, idx)
 
-        q_c = (q.narrow(2, offset, L) if host else take_tokens(q, idx)) if state.queries is not None else None
+        q_c = (q.narrow(2, offset, L) if host else gather_tokens(q, idx)) if state.queries is not None else None
         write_block(state, k_c, v_c, pos, length, q_c, active)
         if host:  # the countdowns go on without asking the schedule, which is asked at a step
             state.counts.due = [d - L for d in dues] if not any_step else state.counts.host_due(state.schedule)

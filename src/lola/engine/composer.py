@@ -23,7 +23,7 @@ import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.engine.block_loop import run_blocks
-from lola.engine.segment_reads import DecodeRead, SegmentReads, take_tokens
+from lola.engine.segment_reads import DecodeRead, SegmentReads, gather_tokens
 from lola.engine.select_step import FeatureFn
 from lola.engine.state import WORKING_COPIES, LayerState, PageBinding
 from lola.engine.state_checks import StateLayout, check_state
@@ -134,7 +134,7 @@ class LoLAMemory(LayerState):
         # every block boundary), or one token per row (its own block, wherever the row is).
         host = not packed and (t == 1 or self.counts.in_step())
         order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True) if packed else None
-        qp, fqp, kp, vp = (None if x is None else take_tokens(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
+        qp, fqp, kp, vp = (None if x is None else gather_tokens(x, order) for x in (q, fq, k, v)) if packed else (q, fq, k, v)
 
         track = bool(getattr(self.policy, "needs_attention", False))
         reads = SegmentReads(self, qp, fqp, self.seen, scale, uniform=host, track=track)
@@ -144,8 +144,8 @@ class LoLAMemory(LayerState):
             return exact, linear
         # Unpack to the caller's token order (padding keeps the empty partial).
         inverse = torch.argsort(order, dim=1)
-        exact = SoftmaxPartial(*(take_tokens(x, inverse) for x in (exact.num, exact.den, exact.max)))
-        linear = LinearPartial(*(take_tokens(x, inverse) for x in (linear.num, linear.den)))
+        exact = SoftmaxPartial(*(gather_tokens(x, inverse) for x in (exact.num, exact.den, exact.max)))
+        linear = LinearPartial(*(gather_tokens(x, inverse) for x in (linear.num, linear.den)))
         return exact, linear
 
     @property

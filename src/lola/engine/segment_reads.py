@@ -32,7 +32,7 @@ from lola.engine.state import LayerState
 from lola.kernels import decode_step, softmax_partial
 from lola.memory.base import QueryBlock
 
-__all__ = ["READ_BYTES", "READ_BYTES_CPU", "DecodeRead", "SegmentReads", "observe_attention", "read_exact", "take_tokens"]
+__all__ = ["READ_BYTES", "READ_BYTES_CPU", "DecodeRead", "SegmentReads", "observe_attention", "read_exact", "gather_tokens"]
 
 READ_BYTES = 64 * 2**20
 """Snapshot bytes held on an accelerator before the deferred reads are computed: bounds the
@@ -129,7 +129,7 @@ class SegmentReads:
         active = j[None, :] < count[:, None]  # [B, L]
         idx = (start[:, None] + j).clamp(0, q.shape[2] - 1)
         pos = torch.where(active, self.seen[:, None] + start[:, None] + j, -1)
-        return QueryBlock(take_tokens(q, idx), None if fq is None else take_tokens(fq, idx), pos, self.scale), length, active
+        return QueryBlock(gather_tokens(q, idx), None if fq is None else gather_tokens(fq, idx), pos, self.scale), length, active
 
     def flush(self) -> None:
         """Compute the waiting groups' reads: one softmax-partial and one linear read for all
@@ -274,7 +274,7 @@ def _pad(x: torch.Tensor, dim: int, length: int, fill: float) -> torch.Tensor:
     return F.pad(x, pad, value=fill)
 
 
-def take_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Gather along the token axis: ``x [B, H, T, ...]``, ``index [B, L]`` → ``[B, H, L, ...]``."""
     shape = list(x.shape)
     idx = index.view(index.shape[0], 1, index.shape[1], *([1] * (x.dim() - 3)))

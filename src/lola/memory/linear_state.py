@@ -71,7 +71,8 @@ class LinearState:
 
     def read(self, query: QueryBlock) -> LinearPartial:
         """``num = φ(q)ᵀH [B, H, L, D]``, ``den = φ(q)ᵀs [B, H, L]``."""
-        return read_linear_state(query.fq, *self.state)
+        H, s = self.state  # (checks the allocation before the query is read)
+        return read_linear_state(query.fq, H, s)
 
     def write(
         self,

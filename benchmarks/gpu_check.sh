@@ -8,7 +8,7 @@
 # of the sections after it, so a slow one cannot starve the rest):
 #   1. LOLA_KERNELS=triton LOLA_AUTOTUNE=0 pytest tests/kernels (one config per kernel: compile
 #      time; with pytest-xdist, on TEST_WORKERS processes, default 4)
-#   2. python benchmarks/kernels.py --quick (autotuned): Triton vs reference vs fla's chunk_linear_attn
+#   2. python benchmarks/kernel_timings.py --quick (autotuned): Triton vs reference vs fla's chunk_linear_attn
 #   3. python benchmarks/layer.py --device cuda --quick: the whole layer's decode step (GB/s, %
 #      of peak HBM bandwidth at batch 64) and 16K prefill vs SDPA and fla, SmolLM2 then Llama-8B shapes
 # A section that fails or times out is reported loudly and the next one still runs; the exit
@@ -121,7 +121,7 @@ tests_s=$(($(date +%s) - start))
 echo "== kernel benchmark"
 limit=$(budget "${BENCH_TIMEOUT_S:-240}" 150)
 start=$(date +%s)
-timeout -k 10 "$limit" "$PY" benchmarks/kernels.py --quick --output "$LOG_DIR/bench.md" 2>&1 | tee "$LOG_DIR/bench.log"
+timeout -k 10 "$limit" "$PY" benchmarks/kernel_timings.py --quick --output "$LOG_DIR/bench.md" 2>&1 | tee "$LOG_DIR/bench.log"
 bench_rc=${PIPESTATUS[0]}
 bench_s=$(($(date +%s) - start))
 [ "$bench_rc" -eq 0 ] || fail "kernel benchmark" "$bench_rc"

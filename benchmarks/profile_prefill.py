@@ -1,12 +1,16 @@
 """Where one prefill of SmolLM2 goes: cProfile of a single forward over ``--tokens`` tokens.
 
     python benchmarks/profile_prefill.py [--config uniform|calibrated|small|stock] [--tokens 1024] [--top 30]
+    python benchmarks/profile_prefill.py --feature-maps smollm2-135m-instruct --policy learned --tokens 2048
 
 The model and the LoLA configs are those of ``benchmarks/generate.py`` (``uniform``: window
-60, sparse 192, sinks 4, chunk 64, SRE, as ``lola niah`` runs it; ``stock``: SDPA +
-DynamicCache). One warm-up forward, then one profiled forward on a fresh cache; prints the
-tokens/s of the profiled call (slowed by the profiler), the functions by own time, and lola's
-functions by cumulative time (the engine's parts: select-and-evict, reads, fold, writes).
+60, sparse 192, sinks 4, chunk 64, SRE; ``stock``: SDPA + DynamicCache). With
+``--feature-maps``, the linearized model as the default ``lola niah`` runs its ``lola-<policy>``
+method (the shipped maps, the paper's rule, calibrated budgets), timed first against stock
+attention on the same tokens (one unprofiled forward each, same process). One warm-up
+forward, then one profiled forward on a fresh cache; prints the tokens/s of the profiled call
+(slowed by the profiler), the functions by own time, and lola's functions by cumulative time
+(the engine's parts: select-and-evict, reads, fold, writes).
 """
 
 from __future__ import annotations
@@ -35,10 +39,24 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--top", type=int, default=30, help="rows of each table")
+    parser.add_argument("--feature-maps", help="profile the linearized model as `lola niah` runs it (a shipped name or folder)")
+    parser.add_argument("--policy", default="learned", help="with --feature-maps: the lola method's policy")
     args = parser.parse_args()
     model, tok = lola.models.load(args.model)
     ids = tok("\n".join([NOISE] * (args.tokens // 10 + 100)), return_tensors="pt").input_ids[:, : args.tokens]
-    if args.config == "stock":
+    if args.feature_maps:
+        from lola.eval.niah_spec import NiahRun, method_configs
+        from lola.pretrained.folder import read_feature_maps
+
+        run = NiahRun(model=args.model, feature_maps=args.feature_maps, methods=["lola"], policies=[args.policy], lengths=[args.tokens], samples=1)
+        ((method, cfg),) = method_configs(run).items()
+        stock = _seconds(lambda: model(ids, cache=DynamicCache()))
+        apply_lola(model, cfg, feature_maps=read_feature_maps(args.feature_maps))
+        lola_s = _seconds(lambda: model(ids, cache=LoLACache(model)))
+        print(f"{method}: {lola_s:.2f} s, stock attention {stock:.2f} s: {stock / lola_s:.2f}x stock's tokens/s ({ids.shape[1]} tokens)")
+        args.config = method
+        make_cache = lambda: LoLACache(model)  # noqa: E731
+    elif args.config == "stock":
         make_cache = DynamicCache
     else:
         apply_lola(model, lola_config(args.config, args.model))
@@ -56,6 +74,15 @@ def main() -> None:
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumtime").print_stats("lola/", args.top)
+
+
+def _seconds(forward) -> float:
+    """Seconds of one forward after a warm-up one."""
+    with torch.inference_mode():
+        forward()
+        t0 = time.perf_counter()
+        forward()
+        return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark the lola kernels: Triton vs the PyTorch reference (and fla for op 1).
 
-    python benchmarks/kernels.py [--quick] [--ops chunk_linear_attention decode_step ...]
+    python benchmarks/kernel_timings.py [--quick] [--ops chunk_linear_attention decode_step ...]
                                  [--dtype bf16] [--output results.md]
 
 Times each op over a grid of sizes (CUDA events on GPU, perf_counter on CPU; warmup,

@@ -10,11 +10,18 @@ haystack, not the reported ``lola niah`` samples). Variants are ``POLICY-BUDGETS
 - ``HEAD``: also force the first HEAD prompt tokens (system prompt and instruction).
 
 Every variant keeps 4 sinks + 60 window + 192 sparse slots per K/V head on average.
+
+With ``--feature-maps`` (the shipped linearized model, read as the default ``lola niah`` reads
+it: the paper's rule, the learned scorer with four copies kept, calibrated budgets) the
+variants are ``default`` and ``oracle`` (the default's policy plus the constant on the needle's
+line): how much of a cell's miss is the scorer's.
+
 ``--surprisal`` instead prints, for each needle token, the fraction of prompt tokens the stock
 model finds more surprising (is the needle where a language model is surprised?).
 
     python examples/needle_oracle.py --samples 12 --variants oracle-cal sre-cal oracle-uniform
     python examples/needle_oracle.py --samples 12 --surprisal
+    python examples/needle_oracle.py --feature-maps smollm2-135m-instruct --length 4096 --samples 8 --variants default oracle
 """
 
 from __future__ import annotations
@@ -28,28 +35,34 @@ import torch
 
 import lola
 from lola.eval.niah import make_sample, string_match_all
-from lola.policies import register
+from lola.policies import build, register
 from lola.policies.builtin import SelfRecallError
 
 
 @dataclass
 class NeedleOracle:
-    """SRE, plus ``1e4`` for candidates whose position lies in ``forced`` (``[start, end)`` ranges).
+    """An inner policy (SRE by default), plus ``1e4`` for candidates whose position lies in
+    ``forced`` (``[start, end)`` ranges). The inner policy's capabilities are its own (a policy
+    that keeps scores keeps the inner scores, without the constant, which is added anew at
+    every step).
 
     ``forced`` is set per prompt by the script, for every layer's instance at once.
     """
 
     forced: ClassVar[list[tuple[int, int]]] = []
-    needs_attention: bool = False
+    policy: str = "sre"
+    policy_kwargs: dict | None = None
 
     def __post_init__(self) -> None:
-        self.sre = SelfRecallError()
+        self.inner = SelfRecallError() if self.policy == "sre" else build(self.policy, **(self.policy_kwargs or {}))
+        for capability in ("needs_attention", "needs_queries", "keeps_scores"):
+            setattr(self, capability, bool(getattr(self.inner, capability, False)))
 
     def score(self, candidates, ctx):
         inside = torch.zeros_like(candidates.pos, dtype=torch.bool)
         for start, end in self.forced:
             inside |= (candidates.pos >= start) & (candidates.pos < end)
-        return self.sre.score(candidates, ctx) + 1e4 * inside
+        return self.inner.score(candidates, ctx).float() + 1e4 * inside
 
 
 register("needle_oracle", NeedleOracle, overwrite=True)
@@ -91,6 +104,35 @@ def run_variant(model, tok, prompts, name: str, budgets) -> None:
     print(f"{name}: {hits:.0f}/{len(prompts)} in {time.perf_counter() - t0:.0f}s; per sample {kept}", flush=True)
 
 
+def run_linearized(model, tok, prompts, names: list[str], feature_maps: str, length: int) -> None:
+    """The variants ``default`` and ``oracle`` on the linearized model, as ``lola niah`` runs it."""
+    from lola.eval.niah_spec import NiahRun, method_configs
+    from lola.integrations.transformers import apply_lola, remove_lola
+    from lola.pretrained.folder import read_feature_maps
+
+    run = NiahRun(model="smollm2-135m-instruct", feature_maps=feature_maps, methods=["lola"], policies=["learned"], lengths=[length], samples=1)
+    ((_, default),) = method_configs(run).items()
+    maps = read_feature_maps(feature_maps)
+    for name in names:
+        if name not in ("default", "oracle"):
+            raise SystemExit(f"variant {name!r}: with --feature-maps, expected default or oracle")
+        oracle = {"policy": "needle_oracle", "policy_kwargs": {"policy": default.policy, "policy_kwargs": default.policy_kwargs}}
+        apply_lola(model, default.model_copy(update=oracle) if name == "oracle" else default, feature_maps=maps)
+        hits, t0, kept = 0.0, time.perf_counter(), []
+        try:
+            for sample in prompts:
+                NeedleOracle.forced = [needle_span(tok, sample)]
+                prediction = answer(model, tok, sample)
+                score = string_match_all(prediction, sample.answers)
+                hits += score
+                kept.append(int(score))
+                if score < 1:
+                    print(f"   miss: {prediction!r} (answer {sample.answers[0]})", flush=True)
+        finally:
+            remove_lola(model)
+        print(f"{name}: {hits:.0f}/{len(prompts)} in {time.perf_counter() - t0:.0f}s; per sample {kept}", flush=True)
+
+
 def surprisal_ranks(model, tok, prompts) -> None:
     for i, sample in enumerate(prompts):
         start, end = needle_span(tok, sample)
@@ -112,6 +154,7 @@ def main() -> None:
     ap.add_argument("--only", type=int, nargs="*", help="indices of the samples to run (default all)")
     ap.add_argument("--full", action="store_true", help="also print full attention's answers")
     ap.add_argument("--surprisal", action="store_true", help="print the needle tokens' surprisal ranks")
+    ap.add_argument("--feature-maps", help="the linearized model (a shipped name): variants default and oracle")
     args = ap.parse_args()
     from pydoc_data.topics import topics
 
@@ -128,6 +171,9 @@ def main() -> None:
     if args.full:
         hits = sum(string_match_all(answer(model, tok, s), s.answers) for s in prompts)
         print(f"full: {hits:.0f}/{len(prompts)}", flush=True)
+    if args.feature_maps:
+        run_linearized(model, tok, prompts, args.variants, args.feature_maps, args.length)
+        return
     budgets = lola.budgets.load("smollm2-135m-instruct")
     for name in args.variants:
         run_variant(model, tok, prompts, name, budgets)

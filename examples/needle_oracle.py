@@ -91,16 +91,22 @@ def run_variant(model, tok, prompts, name: str, budgets) -> None:
     cfg = lola.LoLAConfig(window=60, sparse_size=192, sinks=4, chunk=64, mixing="softmax_only", policy="needle_oracle" if policy == "oracle" else "sre")
     if allocation == "cal":
         cfg = budgets.apply(cfg)
-    hits, t0, kept = 0.0, time.perf_counter(), []
     with lola.patch(model, cfg):
-        for sample in prompts:
-            NeedleOracle.forced = [needle_span(tok, sample)] + ([(0, int(head[0]))] if head else [])
-            prediction = answer(model, tok, sample)
-            score = string_match_all(prediction, sample.answers)
-            hits += score
-            kept.append(int(score))
-            if score < 1:
-                print(f"   miss: {prediction!r} (answer {sample.answers[0]})", flush=True)
+        answer_all(model, tok, prompts, name, [(0, int(head[0]))] if head else [])
+
+
+def answer_all(model, tok, prompts, name: str, also_forced: list[tuple[int, int]]) -> None:
+    """Answer every prompt (the needle's line forced, and ``also_forced``, for the oracle) and
+    print the misses and the count."""
+    hits, t0, kept = 0.0, time.perf_counter(), []
+    for sample in prompts:
+        NeedleOracle.forced = [needle_span(tok, sample)] + also_forced
+        prediction = answer(model, tok, sample)
+        score = string_match_all(prediction, sample.answers)
+        hits += score
+        kept.append(int(score))
+        if score < 1:
+            print(f"   miss: {prediction!r} (answer {sample.answers[0]})", flush=True)
     print(f"{name}: {hits:.0f}/{len(prompts)} in {time.perf_counter() - t0:.0f}s; per sample {kept}", flush=True)
 
 
@@ -118,19 +124,10 @@ def run_linearized(model, tok, prompts, names: list[str], feature_maps: str, len
             raise SystemExit(f"variant {name!r}: with --feature-maps, expected default or oracle")
         oracle = {"policy": "needle_oracle", "policy_kwargs": {"policy": default.policy, "policy_kwargs": default.policy_kwargs}}
         apply_lola(model, default.model_copy(update=oracle) if name == "oracle" else default, feature_maps=maps)
-        hits, t0, kept = 0.0, time.perf_counter(), []
         try:
-            for sample in prompts:
-                NeedleOracle.forced = [needle_span(tok, sample)]
-                prediction = answer(model, tok, sample)
-                score = string_match_all(prediction, sample.answers)
-                hits += score
-                kept.append(int(score))
-                if score < 1:
-                    print(f"   miss: {prediction!r} (answer {sample.answers[0]})", flush=True)
+            answer_all(model, tok, prompts, name, [])
         finally:
             remove_lola(model)
-        print(f"{name}: {hits:.0f}/{len(prompts)} in {time.perf_counter() - t0:.0f}s; per sample {kept}", flush=True)
 
 
 def surprisal_ranks(model, tok, prompts) -> None:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
+from lola.data.text import TextOption
 from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config
 from lola.pretrained.resolve import resolve_config
 
@@ -66,12 +67,7 @@ class PerplexityRun(BaseModel):
         64, ge=0, le=MAX_TOKENS, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)"
     )
     generate_windows: StrictInt = Field(2, ge=1, le=1_000_000, description="windows per length continued for the repetition check")
-    text: list[str] | None = Field(None, description="files, folders or corpus names whose last tenth is held out; none: the default corpus")
-
-    @field_validator("text", mode="before")
-    @classmethod
-    def _one_source(cls, value):
-        return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+    text: TextOption = Field(None, description="files, folders or corpus names whose last tenth is held out; none: the default corpus")
 
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
 

@@ -17,11 +17,14 @@ it was trained).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictInt
 
 from lola.config import LoLAConfig
+from lola.limits import MAX_TOKENS
 
-__all__ = ["METHODS", "method_config"]
+__all__ = ["METHODS", "LinearDecayOption", "LinearShareCapFromOption", "LinearShareCapOption", "linear_state_options", "method_config"]
 
 METHODS = ("full", "window", "lolcats", "lola")
 """Every method name, in the order the evaluations run and report them."""
@@ -86,3 +89,29 @@ def method_config(
     else:
         fields = {"window": window, "sparse_size": sparse_size, **({"policy": policy} if policy is not None else {}), **lola_mixing, **common}
     return LoLAConfig(**{**fields, **(overrides or {})})
+
+
+# The lola method's linear-state options of an evaluation run (``lola niah``, ``lola perplexity``):
+# ``None`` leaves the LoLAConfig's own value.
+LinearDecayOption = Annotated[
+    Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None,
+    Field(description="the lola method's linear-state decay per token (1: none, the paper's state; 0.5 ** (1 / n): a half-life of n tokens)"),
+]
+LinearShareCapOption = Annotated[
+    Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None,
+    Field(description="the lola method's cap on the linear state's share of each output (none: no cap)"),
+]
+LinearShareCapFromOption = Annotated[
+    Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] | None,
+    Field(
+        description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)"
+    ),
+]
+LINEAR_STATE_OPTIONS = ("linear_decay", "linear_share_cap", "linear_share_cap_from")
+"""The names a run gives those options (the :class:`~lola.LoLAConfig` fields they set)."""
+
+
+def linear_state_options(run: Any) -> dict[str, Any]:
+    """The linear-state options ``run`` sets (those not ``None``), as ``LoLAConfig`` overrides
+    of the ``lola`` method."""
+    return {k: v for k in LINEAR_STATE_OPTIONS if (v := getattr(run, k)) is not None}

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Annotated, Sequence, Union
 
 import torch
+from pydantic import BeforeValidator
 
 __all__ = [
     "DEFAULT_TEXT",
     "TEXT_SUFFIXES",
     "ByteTokenizer",
     "Encoding",
+    "TextOption",
     "TextSource",
     "describe",
     "encode",
@@ -41,6 +43,15 @@ __all__ = [
 ]
 
 TextSource = Union[None, str, Path, Sequence[Union[str, Path]]]
+
+
+def _one_source_as_list(value):
+    return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+
+
+TextOption = Annotated[Union[list[str], None], BeforeValidator(_one_source_as_list)]
+"""A run's ``text`` option in a pydantic schema: files, folders or corpus names (one string is
+one source); ``None``: the default corpus."""
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 DEFAULT_TEXT = "default"  # the union of the registered corpora (lola.data.corpora.DEFAULT_CORPORA)

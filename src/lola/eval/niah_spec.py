@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -11,7 +12,7 @@ from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
 from lola.eval.demo import Seed
 from lola.eval.niah import check_templates
-from lola.methods import METHODS, method_config
+from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config
 from lola.pretrained.resolve import resolve_config
 
 
@@ -21,6 +22,14 @@ def _distinct(name: str, values: list) -> list:
     if repeated:
         raise ValueError(f"{name} must be distinct, got {values} ({', '.join(map(str, repeated))} more than once)")
     return values
+
+
+def _known_and_distinct(name: str, values: list[str], available: Sequence[str]) -> list[str]:
+    """``values`` if each is one of ``available`` and none repeats (``name``: the option, for the message)."""
+    bad = [v for v in values if v not in available]
+    if bad:
+        raise ValueError(f"unknown {name} {bad}; available: {', '.join(available)}")
+    return _distinct(name, values)
 
 
 PAPER_METHODS = ("full", "lolcats", "lola")
@@ -64,16 +73,9 @@ class NiahRun(BaseModel):
     mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for lolcats)"
     )
-    linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
-        None, description="the lola method's linear-state decay per token (1: none, the paper's state; 0.5 ** (1 / n): a half-life of n tokens)"
-    )
-    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
-        None, description="the lola method's cap on the linear state's share of each output (none: no cap)"
-    )
-    linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] | None = Field(
-        None,
-        description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)",
-    )
+    linear_decay: LinearDecayOption = None
+    linear_share_cap: LinearShareCapOption = None
+    linear_share_cap_from: LinearShareCapFromOption = None
     # At 8K the learned scorer filled heads' sparse caches with copies of the haystack's repeated
     # tokens; folding repeats answered 16 of 20 where it answered 13 (docs/results.md, "What the
     # misses at 8K are"). Decided with the model and maps: on with trained maps, for the learned scorer.
@@ -216,20 +218,14 @@ class NiahRun(BaseModel):
     @field_validator("methods")
     @classmethod
     def _known_methods(cls, methods: list[str]) -> list[str]:
-        bad = [m for m in methods if m not in METHODS]
-        if bad:
-            raise ValueError(f"unknown methods {bad}; available: {', '.join(METHODS)}")
-        return _distinct("methods", methods)
+        return _known_and_distinct("methods", methods, METHODS)
 
     @field_validator("policies")
     @classmethod
     def _known_policies(cls, names: list[str]) -> list[str]:
         from lola import policies
 
-        bad = [p for p in names if p not in policies.available()]
-        if bad:
-            raise ValueError(f"unknown policies {bad}; available: {', '.join(policies.available())}")
-        return _distinct("policies", names)
+        return _known_and_distinct("policies", names, policies.available())
 
     @field_validator("lengths")
     @classmethod
@@ -360,7 +356,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     )
     common = {"gqa_storage": run.gqa_storage}
     # The lola method's linear-state options (and its variants', unless they set their own).
-    decay = {k: v for k in ("linear_decay", "linear_share_cap", "linear_share_cap_from") if (v := getattr(run, k)) is not None}
+    decay = linear_state_options(run)
     out: dict[str, LoLAConfig | None] = {}
     for method in run.methods:
         if method != "lola":

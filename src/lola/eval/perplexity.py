@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
-from lola.methods import METHODS, method_config
+from lola.data.text import TextOption
+from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config
 from lola.pretrained.resolve import resolve_config
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
@@ -50,16 +51,9 @@ class PerplexityRun(BaseModel):
     sinks: Tokens = Field(4, description="pinned first tokens")
     chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = Field(64, description="tokens between select-and-evict steps")
     policy: str = Field("sre", description="scoring policy of the lola method")
-    linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
-        None, description="the lola method's linear-state decay per token (1: none, the paper's state; 0.5 ** (1 / n): a half-life of n tokens)"
-    )
-    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
-        None, description="the lola method's cap on the linear state's share of each output (none: no cap)"
-    )
-    linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] | None = Field(
-        None,
-        description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)",
-    )
+    linear_decay: LinearDecayOption = None
+    linear_share_cap: LinearShareCapOption = None
+    linear_share_cap_from: LinearShareCapFromOption = None
     mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.pretrained.resolve's default, the same)"
     )
@@ -73,12 +67,7 @@ class PerplexityRun(BaseModel):
         64, ge=0, le=MAX_TOKENS, description="greedy tokens generated after each of the first generate_windows windows (0: no generation check)"
     )
     generate_windows: StrictInt = Field(2, ge=1, le=1_000_000, description="windows per length continued for the repetition check")
-    text: list[str] | None = Field(None, description="files, folders or corpus names whose last tenth is held out; none: the default corpus")
-
-    @field_validator("text", mode="before")
-    @classmethod
-    def _one_source(cls, value):
-        return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+    text: TextOption = Field(None, description="files, folders or corpus names whose last tenth is held out; none: the default corpus")
 
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
 
@@ -118,8 +107,7 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             mixing=run.mixing if run.mixing is not None or trained else "lola_authors",
             trained_maps=trained,
             hybrid_window="window",
-            overrides={k: v for k in ("linear_decay", "linear_share_cap", "linear_share_cap_from") if method == "lola" and (v := getattr(run, k)) is not None}
-            or None,
+            overrides=(linear_state_options(run) if method == "lola" else None) or None,
         )
         # The per-head budgets redistribute the sparse cache: the lola method's alone.
         configs[method] = resolve_config(cfg, model=run.model, budgets=run.budgets) if method == "lola" else cfg

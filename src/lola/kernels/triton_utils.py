@@ -39,3 +39,26 @@ def dot(a, b, PRECISION: tl.constexpr):
     else:
         out = tl.dot(a, b, input_precision=PRECISION)
     return out
+
+
+@triton.jit
+def online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION: tl.constexpr):
+    """Fold one tile of keys into a running softmax (flash attention's online max).
+
+    Args:
+        b_m, b_l: ``[R]`` fp32 running max and denominator of each query row.
+        b_acc: ``[R, D]`` fp32 running numerator.
+        b_s: ``[R, N]`` the tile's scaled scores, ``-inf`` where a key is hidden.
+        b_v: ``[N, D]`` the tile's values.
+
+    Returns:
+        ``(b_m, b_l, b_acc)`` after the tile. A row that has seen nothing keeps ``max = -inf``
+        and shifts by 0, so no NaN appears.
+    """
+    b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+    b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = tl.exp(b_m - b_shift)
+    b_p = tl.exp(b_s - b_shift[:, None])
+    b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+    b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v.to(tl.float32), PRECISION)
+    return b_m_new, b_l, b_acc

@@ -98,3 +98,19 @@ def check_same_device(named: Sequence[Tuple[str, Optional[torch.Tensor]]]) -> No
     for n, t in named[1:]:
         if t.device != first.device:
             raise ValueError(f"{n} must be on {first.device} like {first_name}, got {t.device}")
+
+
+def check_grouped_heads(c: ShapeChecker) -> None:
+    """The query heads ``H`` bound in ``c`` must be a whole multiple of the key/value heads ``Hs``
+    (grouped-query attention: each k/v head serves ``H // Hs`` query heads)."""
+    if c["Hs"] == 0 or c["H"] % c["Hs"] != 0:
+        raise ValueError(f"q heads H={c['H']} must be a multiple of k/v heads Hs={c['Hs']}")
+
+
+def check_linear_state(c: ShapeChecker, H: torch.Tensor, s: torch.Tensor) -> None:
+    """A linear-attention state: ``H [B, H, F, D]`` and ``s [B, H, F]``, both fp32, with the
+    dimensions already bound in ``c`` (``B``, ``H``, ``F``, ``D``) agreeing."""
+    c.check("H", H, "B H F D")
+    c.check("s", s, "B H F")
+    check_fp32("H", H)
+    check_fp32("s", s)

@@ -22,10 +22,10 @@ from typing import Callable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from lola.config import LoLAConfig
-from lola.data.text import describe, encode, load_split, token_chunks
+from lola.data.text import TextOption, describe, encode, load_split, token_chunks
 from lola.eval.demo import Seed
 from lola.linearize.checkpoint import run_inputs
 from lola.linearize.distributed import World
@@ -56,12 +56,7 @@ class FinetuneConfig(BaseModel):
     ce_weight: StrictFloat = Field(0.0, ge=0, description="weight of the next-token cross-entropy on the text")
     eval_chunks: StrictInt = Field(2, ge=0, description="held-out sequences for the before/after KL")
     heldout_fraction: StrictFloat = Field(0.1, gt=0, lt=1)
-    text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
-
-    @field_validator("text", mode="before")
-    @classmethod
-    def _one_source(cls, value):
-        return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+    text: TextOption = Field(None, description="files, folders or corpus names; None: the default corpus")
 
     # The LoLCATs recipe trains the sliding-window hybrid; LoLA then reads it with a sparse cache
     # and a rule it never saw. A LoLA config here trains through the layers as they run at

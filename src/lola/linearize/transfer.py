@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from lola.config import LoLAConfig
-from lola.data.text import describe, encode, load_split, token_chunks
+from lola.data.text import TextOption, describe, encode, load_split, token_chunks
 from lola.eval.demo import Seed
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 from lola.layer import LoLAAttention, compose
@@ -58,12 +58,7 @@ class LinearizeConfig(BaseModel):
     )
     eval_chunks: StrictInt = Field(2, ge=1, description="held-out chunks for the before/after MSE")
     heldout_fraction: StrictFloat = Field(0.1, gt=0, lt=1)
-    text: list[str] | None = Field(None, description="files, folders or corpus names; None: the default corpus")
-
-    @field_validator("text", mode="before")
-    @classmethod
-    def _one_source(cls, value):
-        return [value] if isinstance(value, str) else value  # text="book.txt" means one source
+    text: TextOption = Field(None, description="files, folders or corpus names; None: the default corpus")
 
     checkpoint_every: StrictInt = Field(25, ge=1, description="steps between checkpoints")
     seed: Seed = Field(0, description="seed of the data split, the chunk order and new weights")

@@ -183,6 +183,15 @@ def _protocol_members(role: type) -> list[str]:
     return names
 
 
+def drop_unless_declared(cls: type, capability: str, overrides: tuple[str, ...]) -> None:
+    """Set the declared capability ``capability`` (a class attribute) of ``cls`` to ``False`` when
+    ``cls`` defines any of ``overrides`` itself without declaring the capability again: an
+    override may break what the base class promised, so only its author can promise it anew.
+    Call it from ``__init_subclass__``."""
+    if any(name in cls.__dict__ for name in overrides) and capability not in cls.__dict__:
+        setattr(cls, capability, False)
+
+
 def exact_logits(query: QueryBlock, block: KVBlock) -> torch.Tensor:
     """Masked scores of queries against slots, grouped-query aware.
 
@@ -235,10 +244,8 @@ class ExactStore:
         # does not say loses the capability its override would break (a quantised cache
         # overriding `read` is read through it), never the other way round.
         super().__init_subclass__(**kwargs)
-        if "read" in cls.__dict__ and "reads_block" not in cls.__dict__:
-            cls.reads_block = False
-        if ("block" in cls.__dict__ or "allocate" in cls.__dict__) and "binds" not in cls.__dict__:
-            cls.binds = False
+        drop_unless_declared(cls, "reads_block", ("read",))
+        drop_unless_declared(cls, "binds", ("block", "allocate"))
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lola.core.partials import LinearPartial, read_linear_state
-from lola.memory.base import QueryBlock
+from lola.memory.base import QueryBlock, drop_unless_declared
 
 __all__ = ["LinearState"]
 
@@ -36,8 +36,7 @@ class LinearState:
         # A subclass with a read, a write or a snapshot of its own keeps the capability only by
         # declaring it again.
         super().__init_subclass__(**kwargs)
-        if any(m in cls.__dict__ for m in ("read", "write", "snapshot")) and "snapshots" not in cls.__dict__:
-            cls.snapshots = False
+        drop_unless_declared(cls, "snapshots", ("read", "write", "snapshot"))
 
     def __init__(self, decay: float = 1.0) -> None:
         if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0.0 < decay <= 1.0:

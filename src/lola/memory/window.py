@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lola.memory.base import EMPTY, ExactStore, KVBlock
+from lola.memory.base import EMPTY, ExactStore, KVBlock, drop_unless_declared
 
 __all__ = ["SlidingWindow"]
 
@@ -31,8 +31,7 @@ class SlidingWindow(ExactStore):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if any(m in cls.__dict__ for m in ("append", "push", "pop_oldest")) and "ring" not in cls.__dict__:
-            cls.ring = False
+        drop_unless_declared(cls, "ring", ("append", "push", "pop_oldest"))
 
     def __init__(self, size: int | list[int], max_pending: int = 1) -> None:
         sizes = [int(x) for x in size] if isinstance(size, (list, tuple)) else [int(size)]

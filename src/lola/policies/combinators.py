@@ -285,7 +285,25 @@ def _keeping_part(name: str, kwargs: dict[str, Any], keeper: str) -> ScoringPoli
 
 
 @dataclass(frozen=True)
-class ScoredAtExit(_Composite):
+class _ScoreKeeper(_Composite):
+    """A combinator that keeps its inner policy's scores in the slots' tallies, under the name
+    ``_keeper`` (the policy is its one part, and the one part of it that keeps scores)."""
+
+    _keeper = ""
+    policy: str = "sre"
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    parts: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", (_keeping_part(self.policy, self.policy_kwargs, self._keeper),))
+
+    @property
+    def keeps_scores(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class ScoredAtExit(_ScoreKeeper):
     """Score each token once, when it leaves the window, and rank it by that score for as long
     as it stays in the sparse cache.
 
@@ -310,23 +328,14 @@ class ScoredAtExit(_Composite):
         policy_kwargs: its keyword arguments.
     """
 
-    policy: str = "sre"
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    parts: tuple = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "parts", (_keeping_part(self.policy, self.policy_kwargs, "at_exit"),))
-
-    @property
-    def keeps_scores(self) -> bool:
-        return True
+    _keeper = "at_exit"
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         return score_leaving(candidates, ctx, lambda block: self.parts[0].score(block, ctx), f"ScoredAtExit({self.policy!r})")
 
 
 @dataclass(frozen=True)
-class PeakScore(_Composite):
+class PeakScore(_ScoreKeeper):
     """Rank a cached token by the highest score its inner policy has given it since it left the
     window: every candidate is scored at every step, on the current state's scale, but a
     cached token's score does not fall.
@@ -342,16 +351,7 @@ class PeakScore(_Composite):
         policy_kwargs: its keyword arguments.
     """
 
-    policy: str = "sre"
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    parts: tuple = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "parts", (_keeping_part(self.policy, self.policy_kwargs, "peak"),))
-
-    @property
-    def keeps_scores(self) -> bool:
-        return True
+    _keeper = "peak"
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         m = check_keeping(candidates, ctx, f"PeakScore({self.policy!r})")

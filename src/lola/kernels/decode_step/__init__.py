@@ -9,7 +9,7 @@ import torch
 from lola.core.mixing import MIXING_RULES, check_mixing, mix_partials
 
 from ..dispatch import implementation
-from ..utils import ShapeChecker, check_float, check_fp32, check_integer, check_same_device
+from ..utils import ShapeChecker, check_float, check_grouped_heads, check_integer, check_linear_state, check_same_device
 
 
 def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
@@ -20,8 +20,7 @@ def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
     c.check("v", v, "B Hs N D")
     c.check("k_pos", k_pos, "B Hs N")
     c.check("gate", gate, "H")
-    if c["Hs"] == 0 or c["H"] % c["Hs"] != 0:
-        raise ValueError(f"q heads H={c['H']} must be a multiple of k/v heads Hs={c['Hs']}")
+    check_grouped_heads(c)
     for name, t in (("q", q), ("k", k), ("v", v), ("gate", gate)):
         check_float(name, t)
     check_integer("k_pos", k_pos)
@@ -31,11 +30,8 @@ def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
         pass  # the linear part is unused
     else:
         c.check("fq", fq, "B H F")
-        c.check("H", H, "B H F D")
-        c.check("s", s, "B H F")
+        check_linear_state(c, H, s)
         check_float("fq", fq)
-        check_fp32("H", H)
-        check_fp32("s", s)
         tensors += list(linear)
     check_same_device(tensors)
 

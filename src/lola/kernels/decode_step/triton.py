@@ -17,7 +17,7 @@ import triton.language as tl
 
 from lola.core.mixing import check_mixing
 
-from ..triton_utils import autotune_configs, device_guard, dot
+from ..triton_utils import autotune_configs, device_guard, dot, online_softmax_tile
 from ..utils import block_size, common_float_dtype, dot_precision
 
 
@@ -78,13 +78,7 @@ def decode_step_fwd_kernel(
         b_kpos = tl.load(k_pos + i_bkv64 * N + o_n, mask=m_n, other=-1)
         b_s = dot(b_q, b_kt, PRECISION) * scale
         b_s = tl.where((b_kpos >= 0)[None, :], b_s, float("-inf"))
-        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        b_alpha = tl.exp(b_m - b_shift)
-        b_p = tl.exp(b_s - b_shift[:, None])
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v.to(tl.float32), PRECISION)
-        b_m = b_m_new
+        b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)
 
     if MIXING == 3:
         b_num = b_acc

@@ -5,19 +5,16 @@ from __future__ import annotations
 import torch
 
 from ..dispatch import implementation
-from ..utils import ShapeChecker, check_float, check_fp32, check_same_device
+from ..utils import ShapeChecker, check_float, check_linear_state, check_same_device
 
 
 def check_inputs(fk, v, H, s) -> None:
     c = ShapeChecker()
     c.check("fk", fk, "B H N F")
     c.check("v", v, "B H N D")
-    c.check("H", H, "B H F D")
-    c.check("s", s, "B H F")
     check_float("fk", fk)
     check_float("v", v)
-    check_fp32("H", H)
-    check_fp32("s", s)
+    check_linear_state(c, H, s)
     check_same_device([("fk", fk), ("v", v), ("H", H), ("s", s)])
 
 

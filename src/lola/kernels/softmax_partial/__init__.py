@@ -7,7 +7,7 @@ from typing import Tuple
 import torch
 
 from ..dispatch import implementation
-from ..utils import ShapeChecker, check_float, check_integer, check_same_device
+from ..utils import ShapeChecker, check_float, check_grouped_heads, check_integer, check_same_device
 
 
 def check_inputs(q, k, v, q_pos, k_pos) -> None:
@@ -17,8 +17,7 @@ def check_inputs(q, k, v, q_pos, k_pos) -> None:
     c.check("v", v, "B Hs N D")
     c.check("q_pos", q_pos, "B L")
     c.check("k_pos", k_pos, "B Hs N")
-    if c["Hs"] == 0 or c["H"] % c["Hs"] != 0:
-        raise ValueError(f"q heads H={c['H']} must be a multiple of k/v heads Hs={c['Hs']}")
+    check_grouped_heads(c)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, t)
     check_integer("q_pos", q_pos)

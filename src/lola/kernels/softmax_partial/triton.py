@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import device_guard, dot
+from ..triton_utils import device_guard, dot, online_softmax_tile
 from ..utils import block_size, common_float_dtype, dot_precision
 
 
@@ -63,13 +63,7 @@ def softmax_partial_fwd_kernel(
         b_s = dot(b_q, b_kt, PRECISION) * scale
         visible = (b_kpos[None, :] >= 0) & (b_kpos[None, :] <= b_qpos[:, None])
         b_s = tl.where(visible, b_s, float("-inf"))
-        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
-        b_shift = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        b_alpha = tl.exp(b_m - b_shift)
-        b_p = tl.exp(b_s - b_shift[:, None])
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = b_acc * b_alpha[:, None] + dot(b_p, b_v.to(tl.float32), PRECISION)
-        b_m = b_m_new
+        b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)
 
     tl.store(num + (i_bh64 * L + o_l[:, None]) * D + o_d[None, :], b_acc, mask=m_l[:, None] & m_d[None, :])
     tl.store(den + i_bh64 * L + o_l, b_l, mask=m_l)

@@ -5,7 +5,7 @@ comes from the linear state (:mod:`lola.eval.linear_share`). This draws one line
 length across the layers:
 
     lola perplexity --feature-maps smollm2-135m-instruct --sinks 4 --length 2048 --windows 4 \\
-        --generate 0 --methods lolcats lola --out authors.json
+        --generate 0 --methods hybrid lola --out authors.json
     lola perplexity --feature-maps smollm2-135m-instruct --sinks 4 --length 2048 --windows 4 \\
         --generate 0 --methods lola --mixing lolcats --out trained.json
     python examples/linear_share_plot.py authors.json trained.json --out linear-share.png

@@ -25,6 +25,7 @@ MOVED = {
     "lola.demo": "lola.eval.demo",
     "lola.model_entry": "lola.pretrained.model_entry",
     "lola.resolve": "lola.pretrained.resolve",
+    "lola.integrations.transformers.applied": "lola.integrations.transformers.model_record",
 }
 """Old module name → the module it is now."""
 

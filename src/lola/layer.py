@@ -225,7 +225,7 @@ class LoLAAttention(nn.Module):
 
     def storage_heads(self, state: LoLAMemory) -> int:
         """Heads the exact memories are stored for: ``H_kv`` or ``H``."""
-        return self.num_kv_heads if state.storage == "kv_head" else self.num_heads
+        return self.num_kv_heads if state.gqa_storage == "kv_head" else self.num_heads
 
     def forward(
         self,
@@ -430,7 +430,7 @@ def memory_from_config(cfg: LoLAConfig, layer: int | None = None) -> LoLAMemory:
         linear=LinearState(cfg.linear_decay),
         policy=build_policy(cfg.policy, **cfg.policy_kwargs),
         schedule=schedule,
-        storage=cfg.gqa_storage,
+        gqa_storage=cfg.gqa_storage,
         layer=layer,
     )
 

@@ -6,7 +6,8 @@ all build their configurations with :func:`method_config`:
 
 - ``full``: stock attention and a growing cache (no LoLA config: ``None``).
 - ``window``: sinks + a sliding window, softmax only.
-- ``lolcats``: the hybrid: sinks + a sliding window + the linear state.
+- ``hybrid``: sinks + a sliding window + the linear state (LoLCATs' hybrid; ``lolcats``, its old
+  name here, still works with a warning).
 - ``lola``: sinks + window + sparse cache + linear state, with a scoring policy.
 
 The window-only methods get the whole exact budget ``window + sparse_size`` as their window (the
@@ -16,6 +17,7 @@ it was trained).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -24,10 +26,32 @@ from pydantic import Field, StrictInt
 from lola.config import LoLAConfig
 from lola.limits import MAX_TOKENS
 
-__all__ = ["METHODS", "LinearDecayOption", "LinearShareCapFromOption", "LinearShareCapOption", "linear_state_options", "method_config"]
+__all__ = [
+    "METHODS",
+    "RENAMED_METHODS",
+    "LinearDecayOption",
+    "LinearShareCapFromOption",
+    "LinearShareCapOption",
+    "linear_state_options",
+    "method_config",
+    "method_name",
+]
 
-METHODS = ("full", "window", "lolcats", "lola")
+METHODS = ("full", "window", "hybrid", "lola")
 """Every method name, in the order the evaluations run and report them."""
+
+RENAMED_METHODS = {"lolcats": "hybrid"}
+"""Old method names → today's (``lolcats`` was also the name of a mixing rule)."""
+
+
+def method_name(name: str) -> str:
+    """Today's name of method ``name``: an old name (:data:`RENAMED_METHODS`) with a
+    :class:`DeprecationWarning`, any other name as it is."""
+    new = RENAMED_METHODS.get(name)
+    if new is None:
+        return name
+    warnings.warn(f"the method {name!r} is now called {new!r}", DeprecationWarning, stacklevel=3)
+    return new
 
 
 def method_config(
@@ -54,13 +78,13 @@ def method_config(
         policy: the ``lola`` method's scoring policy (``None``: left unset, i.e. ``"sre"``).
         mixing: the mixing rule of ``lola``. ``None``: ``softmax_only``, or with ``trained_maps``
             left unset for :func:`lola.pretrained.resolve.resolve_mixing` to decide when the maps are loaded
-            (the paper's ``lola_authors``). ``lolcats`` mixes the same way, except that
+            (the paper's ``lola_authors``). ``hybrid`` mixes the same way, except that
             ``softmax_only`` (which would ignore the linear state) becomes ``lola_authors``; with
             ``trained_maps`` its rule is always left unset (the rule the maps were trained with).
             ``window`` is ``softmax_only``.
         trained_maps: trained feature maps will be loaded into the config
             (``apply_lola(..., feature_maps=...)``).
-        hybrid_window: ``"budget"``: ``window`` and ``lolcats`` keep ``window + sparse_size``
+        hybrid_window: ``"budget"``: ``window`` and ``hybrid`` keep ``window + sparse_size``
             tokens in their window; ``"window"``: ``window`` tokens.
         overrides: further :class:`~lola.LoLAConfig` fields, set last (e.g. ``gqa_storage``, or
             a variant's settings).
@@ -68,6 +92,7 @@ def method_config(
     Raises:
         ValueError: an unknown method (or, as :class:`pydantic.ValidationError`, a bad field).
     """
+    method = method_name(method)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     if hybrid_window not in ("budget", "window"):
@@ -84,7 +109,7 @@ def method_config(
     wide = window + sparse_size if hybrid_window == "budget" else window
     if method == "window":
         fields = {"window": wide, "sparse_size": 0, "mixing": "softmax_only", **common}
-    elif method == "lolcats":
+    elif method == "hybrid":
         fields = {"window": wide, "sparse_size": 0, **hybrid_mixing, **common}
     else:
         fields = {"window": window, "sparse_size": sparse_size, **({"policy": policy} if policy is not None else {}), **lola_mixing, **common}

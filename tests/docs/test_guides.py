@@ -127,7 +127,7 @@ API_PAGES = {
     "lola.feature_maps.registry": "feature_maps.rst",
     "lola.kernels": "kernels.rst",
     "lola.integrations.transformers": "integrations.rst",
-    "lola.integrations.transformers.applied": "integrations.rst",
+    "lola.integrations.transformers.model_record": "integrations.rst",
     "lola.pretrained": "pretrained.rst",
     "lola.pretrained.geometry": "pretrained.rst",
     "lola.pretrained.folder": "pretrained.rst",

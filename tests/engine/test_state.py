@@ -34,3 +34,22 @@ def test_rows_are_sequence_slots():
         torch.testing.assert_close(o_pool, torch.cat([o_a, o_b]))
     with pytest.raises(ValueError, match="one row per row of other"):
         pool.write_rows(torch.tensor([0, 1]), sa)
+
+
+def test_gqa_storage_is_the_configs_name_and_the_old_one_still_works():
+    from lola.memory import SlidingWindow, SparseCache
+    from lola.policies import Recency
+    from lola.schedules import Chunkwise
+
+    def parts():
+        return dict(window=SlidingWindow(4, max_pending=2), sparse=SparseCache(2), policy=Recency(), schedule=Chunkwise(2))
+
+    memory = lola.LoLAMemory(**parts(), gqa_storage="query_head")
+    assert memory.gqa_storage == "query_head" and memory.spec()["gqa_storage"] == "query_head"
+    with pytest.warns(DeprecationWarning, match="gqa_storage"):
+        old = lola.LoLAMemory(**parts(), storage="query_head")
+    assert old.gqa_storage == "query_head"
+    with pytest.warns(DeprecationWarning, match="gqa_storage"):
+        assert old.storage == "query_head"
+    with pytest.raises(ValueError, match="gqa_storage must be 'kv_head' or 'query_head'"):
+        lola.LoLAMemory(**parts(), gqa_storage="head")

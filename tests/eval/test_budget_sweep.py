@@ -14,7 +14,7 @@ def test_a_point_gives_every_method_the_same_exact_tokens():
     run = point_run(SWEEP, "noise", 600, "1/8")
     assert (run.sinks, run.window, run.sparse_size) == (4, 14, 57) and run.budget == 75  # 600 / 8
     cfgs = method_configs(run)
-    assert list(cfgs) == ["window", "lolcats", "lola-sre", "lola-exact"]
+    assert list(cfgs) == ["window", "hybrid", "lola-sre", "lola-exact"]
     assert {c.exact_budget for c in cfgs.values()} == {75}
     assert cfgs["lola-exact"].mixing == "softmax_only" and cfgs["lola-exact"].policy == cfgs["lola-sre"].policy
     assert cfgs["lola-exact"].sparse_size == cfgs["lola-sre"].sparse_size
@@ -39,7 +39,7 @@ def test_the_sweep_runs_every_point_resumes_and_plots(tmp_path):
     rows = run_sweep(SWEEP, model, tok, tmp_path, progress=False)
     points = {(r["haystack"], r["budget"]) for r in rows}
     assert points == {(h, b) for h in ("noise", "prose") for b in ("1/8", "1/4")}
-    assert len(rows) == 4 * 4 and {r["method"] for r in rows} == {"window", "lolcats", "lola-sre", "lola-exact"}
+    assert len(rows) == 4 * 4 and {r["method"] for r in rows} == {"window", "hybrid", "lola-sre", "lola-exact"}
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"] == rows
     assert (tmp_path / "sweep-noise.png").stat().st_size > 0 and (tmp_path / "sweep-prose.png").stat().st_size > 0
     samples = tmp_path / "prose-600-1-4" / "samples.jsonl"

@@ -24,11 +24,11 @@ def test_window_nll_matches_the_model_loss():
 def test_a_window_covering_the_context_is_full_attention():
     model, tok = tiny_random()
     run = PerplexityRun(
-        model="tiny-random-llama", lengths=[64, 128], windows=2, window=128, sparse_size=0, methods=["full", "lolcats"], text=["pydoc"], generate=0
+        model="tiny-random-llama", lengths=[64, 128], windows=2, window=128, sparse_size=0, methods=["full", "hybrid"], text=["pydoc"], generate=0
     )
     res = run_perplexity(run, model, tok, progress=False)
     for n in (64, 128):
-        assert res["lolcats"][n]["ppl"] == pytest.approx(res["full"][n]["ppl"], rel=1e-4)
+        assert res["hybrid"][n]["ppl"] == pytest.approx(res["full"][n]["ppl"], rel=1e-4)
         assert res["full"][n]["windows"] == 2 and res["full"][n]["tokens"] == 2 * (n - 1)
     # and the held-out windows are the last 10% of the text, in order
     _, heldout = split_text(load_text("pydoc"))
@@ -39,15 +39,15 @@ def test_a_window_covering_the_context_is_full_attention():
 
 def test_a_small_window_changes_the_result():
     model, tok = tiny_random()
-    run = PerplexityRun(model="tiny-random-llama", lengths=[128], windows=1, window=8, sparse_size=0, methods=["full", "lolcats"], text=["pydoc"], generate=0)
+    run = PerplexityRun(model="tiny-random-llama", lengths=[128], windows=1, window=8, sparse_size=0, methods=["full", "hybrid"], text=["pydoc"], generate=0)
     res = run_perplexity(run, model, tok, progress=False)
-    assert abs(res["lolcats"][128]["ppl"] / res["full"][128]["ppl"] - 1) > 1e-6  # a random model barely uses attention
+    assert abs(res["hybrid"][128]["ppl"] / res["full"][128]["ppl"] - 1) > 1e-6  # a random model barely uses attention
     assert "(" in format_perplexity(res)
 
 
 def test_configs_and_bad_lengths():
     cfgs = perplexity_configs(PerplexityRun(window=32, sparse_size=16))
-    assert cfgs["full"] is None and cfgs["lolcats"].sparse_size == 0 and cfgs["lola"].sparse_size == 16
+    assert cfgs["full"] is None and cfgs["hybrid"].sparse_size == 0 and cfgs["lola"].sparse_size == 16
     model, tok = tiny_random()
     with pytest.raises(ValueError, match="exceeds what the model can hold"):
         run_perplexity(PerplexityRun(lengths=[10_000], text=["pydoc"]), model, tok, progress=False)

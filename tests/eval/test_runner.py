@@ -30,10 +30,10 @@ RUN = NiahRun(
 
 def test_methods_share_one_budget():
     cfgs = method_configs(RUN)
-    assert list(cfgs) == ["full", "window", "lolcats", "lola-sre", "lola-recency"]
+    assert list(cfgs) == ["full", "window", "hybrid", "lola-sre", "lola-recency"]
     assert cfgs["full"] is None
     assert {c.exact_budget for c in cfgs.values() if c is not None} == {RUN.budget}
-    assert cfgs["window"].mixing == "softmax_only" and cfgs["lolcats"].sparse_size == 0
+    assert cfgs["window"].mixing == "softmax_only" and cfgs["hybrid"].sparse_size == 0
 
 
 def test_run_records_every_sample_and_resumes(tmp_path, monkeypatch):
@@ -49,10 +49,10 @@ def test_run_records_every_sample_and_resumes(tmp_path, monkeypatch):
     assert (tmp_path / "accuracy.png").stat().st_size > 1000 and (tmp_path / "cache_bytes.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "results.json").read_text())
     assert set(saved["summary_by_depth"]["full"]) == {"0.2-0.4", "0.6-0.8"}  # depths 0.25 and 0.75
-    assert saved["run"] == RUN.model_dump() and set(saved["summary"]) == {"full", "window", "lolcats", "lola-sre", "lola-recency"}
+    assert saved["run"] == RUN.model_dump() and set(saved["summary"]) == {"full", "window", "hybrid", "lola-sre", "lola-recency"}
     assert saved["versions"]["lola"]
     full_bytes = summarize(records)["full"][200]["cache_bytes"]
-    assert all(summarize(records)[m][200]["cache_bytes"] < full_bytes for m in ("window", "lolcats", "lola-sre"))
+    assert all(summarize(records)[m][200]["cache_bytes"] < full_bytes for m in ("window", "hybrid", "lola-sre"))
 
     # A second call finds every sample done and generates nothing.
     calls = []
@@ -66,7 +66,7 @@ def test_run_records_every_sample_and_resumes(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--methods", "nope"], "full, window, lolcats, lola"),
+        (["--methods", "nope"], "full, window, hybrid, lola"),
         (["--task", "nope"], "niah_single_1, niah_multikey_2, niah_multikey_3, vt"),
         (["--haystack-file", "/nonexistent/prose.txt"], "does not exist"),
         (["--needle", "code {key}", "--question", "what is {key}?"], "{value}"),
@@ -248,10 +248,10 @@ def test_the_default_run_is_the_papers_experiment_on_the_shipped_linearized_mode
 
     assert "smollm2-135m-instruct" in available()
     run = NiahRun()
-    assert run.feature_maps == "smollm2-135m-instruct" and run.methods == ["full", "lolcats", "lola"]
+    assert run.feature_maps == "smollm2-135m-instruct" and run.methods == ["full", "hybrid", "lola"]
     assert run.policies == ["sre", "learned"] and run.lengths == [2048, 4096]
     free = NiahRun(feature_maps="none")
-    assert free.feature_maps is None and free.methods == ["full", "window", "lolcats", "lola"] and free.policies == ["learned"]
+    assert free.feature_maps is None and free.methods == ["full", "window", "hybrid", "lola"] and free.policies == ["learned"]
     assert free.lengths == [1024, 2048]
     assert NiahRun(model="tiny-random-llama").policies == ["sre"] and NiahRun(model="tiny-random-llama").feature_maps is None
     assert NiahRun(policies=["sre"]).policies == ["sre"]

@@ -72,18 +72,16 @@ def test_softmax_only_reports_no_linear_mass(tiny):
         assert all(v is not None and math.isfinite(v) for v in layer["log_exact"])
 
 
-RUN = NiahRun(
-    model="tiny-random-llama", lengths=[600, 700], samples=2, methods=["lolcats", "lola"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2
-)
+RUN = NiahRun(model="tiny-random-llama", lengths=[600, 700], samples=2, methods=["hybrid", "lola"], window=8, sparse_size=8, sinks=2, chunk=8, max_new_tokens=2)
 
 
 def test_run_probe_records_every_prompt_summarises_and_resumes(tiny, tmp_path):
     model, tok = tiny
     records = run_probe(RUN, model, tok, tmp_path, progress=False)
     keys = sorted((r["method"], r["length"], r["index"]) for r in records)
-    assert keys == sorted((m, n, i) for m in ("lolcats", "lola-sre") for n in (600, 700) for i in range(2))
+    assert keys == sorted((m, n, i) for m in ("hybrid", "lola-sre") for n in (600, 700) for i in range(2))
     summary = json.loads((tmp_path / "probe.json").read_text())["summary"]
-    assert summary == summarize_probe(records) and set(summary) == {"lolcats", "lola-sre"}
+    assert summary == summarize_probe(records) and set(summary) == {"hybrid", "lola-sre"}
     layer = summary["lola-sre"]["600"]["layers"]["1"]
     rows = [r["layers"]["1"] for r in records if r["method"] == "lola-sre" and r["length"] == 600]
     assert layer["share"] == pytest.approx(sum(sum(r["share"]) for r in rows) / 8)

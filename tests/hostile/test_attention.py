@@ -6,7 +6,7 @@ Mechanisms: :func:`lola.integrations.transformers.support.unsupported_reason` (o
 reasons, checked by ``apply_lola`` unless ``force=True``: soft-capped logits, no rotary
 embeddings, learned sinks, ALiBi, unverified architectures, and a sliding window that binds
 inside the model's context on a layer LoLA runs); and
-:func:`~lola.integrations.transformers.applied.check_attention_implementation`, run by a forward
+:func:`~lola.integrations.transformers.model_record.check_attention_implementation`, run by a forward
 pre-hook ``apply_lola`` installs (``remove_lola`` takes it away) and by ``LoLACache.check_model``,
 which refuses a model whose attention implementation is no longer LoLA's (lola's own
 implementations and switches excepted).

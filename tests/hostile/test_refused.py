@@ -278,7 +278,7 @@ def test_a_share_cap_start_without_a_cap_is_refused():
     lola.LoLAAttention(2, 4, share_cap=0.1, share_cap_from=5, **parts)  # with a cap: accepted
 
 
-@pytest.mark.parametrize("methods", [["window"], ["full", "lolcats"], ["lolcats", "window"]])
+@pytest.mark.parametrize("methods", [["window"], ["full", "hybrid"], ["hybrid", "window"]])
 @pytest.mark.parametrize("variants", [{"a": {"policy": "recency"}}, {"big": {"sparse_size": 64}, "small": {"sparse_size": 8}}])
 def test_variants_need_the_lola_method(methods, variants):
     # Variants are LoLA configs: without lola they would be dropped unread.

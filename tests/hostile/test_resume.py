@@ -119,7 +119,7 @@ def test_niah_resume_on_a_changed_haystack_is_refused(tmp_path, capsys):
 def test_niah_resume_on_retrained_feature_maps_is_refused(tmp_path, capsys):
     maps = tmp_path / "maps"
     write_random_maps(maps, seed=0)
-    args = ["--methods", "lolcats", "--feature-maps", str(maps), "--window", "16", "--sparse-size", "8"]
+    args = ["--methods", "hybrid", "--feature-maps", str(maps), "--window", "16", "--sparse-size", "8"]
     assert _niah(tmp_path / "r", *args) == 0
     capsys.readouterr()
     shutil.rmtree(maps)

@@ -163,7 +163,7 @@ def test_cli_quick_run_and_niah_with_feature_maps(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "lolcats" in text and "lola" in text and "x)" in text and "repeated 4-grams" in text
+    assert "hybrid" in text and "lola" in text and "x)" in text and "repeated 4-grams" in text
     assert "(lolcats)" in text and "(lola_authors)" in text  # the hybrid's trained rule, LoLA's default
     small = ["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(out), "--length", "64", "--windows", "1", "--text", "pydoc"]
     assert main([*small, "--methods", "lola", "--generate", "0", "--mixing", "softmax_only"]) == 0
@@ -179,12 +179,12 @@ def test_niah_methods_take_the_default_rule_per_method_unless_told_otherwise(tra
     from lola.eval.runner import NiahRun, method_configs
 
     out, _ = trained
-    small = dict(window=8, sparse_size=8, sinks=2, chunk=8, budgets="uniform", policies=["sre"], methods=["full", "window", "lolcats", "lola"])
+    small = dict(window=8, sparse_size=8, sinks=2, chunk=8, budgets="uniform", policies=["sre"], methods=["full", "window", "hybrid", "lola"])
     cfgs = method_configs(NiahRun(feature_maps=str(out), **small))
-    assert "mixing" not in cfgs["lolcats"].model_fields_set and "mixing" not in cfgs["lola-sre"].model_fields_set
+    assert "mixing" not in cfgs["hybrid"].model_fields_set and "mixing" not in cfgs["lola-sre"].model_fields_set
     assert cfgs["window"].mixing == "softmax_only"
     model, _ = tiny_random()
-    apply_lola(model, cfgs["lolcats"], feature_maps=out)
+    apply_lola(model, cfgs["hybrid"], feature_maps=out)
     assert model._lola.config.mixing == "lolcats" == read_feature_maps(out).config.mixing  # the hybrid as trained
     remove_lola(model)
     apply_lola(model, cfgs["lola-sre"], feature_maps=out)
@@ -196,21 +196,21 @@ def test_niah_methods_take_the_default_rule_per_method_unless_told_otherwise(tra
     remove_lola(model)
     # without feature maps: softmax_only for lola, lola_authors for the hybrid (as before)
     plain = method_configs(NiahRun(feature_maps=None, **small))
-    assert plain["lola-sre"].mixing == "softmax_only" and plain["lolcats"].mixing == "lola_authors"
+    assert plain["lola-sre"].mixing == "softmax_only" and plain["hybrid"].mixing == "lola_authors"
 
 
 def test_niah_records_the_configs_the_methods_really_ran(trained, tmp_path, capsys):
     """results.json shows each method's config after the feature maps filled in their fields."""
     out, _ = trained
     folder = tmp_path / "n"
-    args = ["niah", "--model", "tiny-random-llama", "--feature-maps", str(out), "--methods", "lolcats", "lola"]
+    args = ["niah", "--model", "tiny-random-llama", "--feature-maps", str(out), "--methods", "hybrid", "lola"]
     assert main([*args, "--lengths", "512", "--samples", "1", "--out", str(folder)]) == 0
     methods = json.loads((folder / "results.json").read_text())["methods"]
     trained_cfg = read_feature_maps(out).config
-    assert methods["lolcats"]["mixing"] == trained_cfg.mixing == "lolcats"
+    assert methods["hybrid"]["mixing"] == trained_cfg.mixing == "lolcats"
     assert methods["lola-sre"]["mixing"] == "lola_authors"
-    assert "mixing rules: lolcats lolcats, lola-sre lola_authors" in capsys.readouterr().out
-    for name in ("lolcats", "lola-sre"):
+    assert "mixing rules: hybrid lolcats, lola-sre lola_authors" in capsys.readouterr().out
+    for name in ("hybrid", "lola-sre"):
         assert methods[name]["feature_map"] == trained_cfg.feature_map
 
 
@@ -224,10 +224,10 @@ def test_perplexity_runs_each_method_with_its_rule_and_measures_the_state_share(
     small = dict(
         model="tiny-random-llama", lengths=[96], windows=1, window=8, sparse_size=4, sinks=1, chunk=8, text=["pydoc"], generate=0, feature_maps=str(out)
     )
-    res = run_perplexity(PerplexityRun(methods=["full", "lolcats", "lola"], **small), model, tok, progress=False)
-    assert res["lolcats"][96]["mixing"] == "lolcats" and res["lola"][96]["mixing"] == "lola_authors"
+    res = run_perplexity(PerplexityRun(methods=["full", "hybrid", "lola"], **small), model, tok, progress=False)
+    assert res["hybrid"][96]["mixing"] == "lolcats" and res["lola"][96]["mixing"] == "lola_authors"
     assert "linear_share" not in res["full"][96]
-    for m in ("lolcats", "lola"):
+    for m in ("hybrid", "lola"):
         per_layer = res[m][96]["linear_share_per_layer"]
         assert set(per_layer) == {0, 1} and all(0 < x < 1 for x in per_layer.values())
         assert res[m][96]["linear_share"] == pytest.approx(sum(per_layer.values()) / 2)

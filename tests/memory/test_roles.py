@@ -7,8 +7,9 @@ import torch
 import lola
 from lola import kernels
 from lola.core import SoftmaxPartial
-from lola.memory import KVBlock, LinearState, SinkTokens, SparseCache, check_role
+from lola.memory import KVBlock, LinearState, SinkTokens, SparseCache
 from lola.memory import WindowMemory as WindowRole
+from lola.memory.base import check_role
 
 
 class SortedWindow:
@@ -117,3 +118,16 @@ def test_a_part_that_lacks_members_is_named():
 def test_check_role_accepts_the_shipped_memories_before_allocation():
     check_role(lola.memory.SlidingWindow(3), WindowRole, "window")
     check_role(LinearState(), lola.memory.LinearMemory, "linear")  # its `state` raises until allocated
+
+
+def test_the_engines_parts_are_still_found_under_their_old_names_with_a_warning():
+    import lola.memory
+    from lola.memory.slots import SlotBuffer
+
+    with pytest.warns(DeprecationWarning, match="lola.memory.slots"):
+        assert lola.memory.SlotBuffer is SlotBuffer
+    with pytest.warns(DeprecationWarning, match="lola.memory.base"):
+        assert lola.memory.check_role is check_role
+    assert "SlotBuffer" not in lola.memory.__all__ and "check_role" not in lola.memory.__all__
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        lola.memory.nothing  # noqa: B018

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola
-from lola.memory import KVBlock, SlotBuffer
+from lola.memory import KVBlock
+from lola.memory.slots import SlotBuffer
 
 REGIONS = [("sinks", 2), ("sparse", 3), ("window", 4)]
 

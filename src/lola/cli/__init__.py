@@ -521,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
 
-    niah = sub.add_parser("niah", parents=[common], help="needle-in-a-haystack recall of full attention, window, lolcats and LoLA on a real model")
+    niah = sub.add_parser("niah", parents=[common], help="needle-in-a-haystack recall of full attention, window, the hybrid and LoLA on a real model")
     from lola.cli.spec_options import add_shared_options, add_spec_options
     from lola.eval.runner import NiahRun
 
@@ -616,7 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", required=True, help="the folder to write (replaced only if lola export wrote it)")
     exp.set_defaults(func=_export)
 
-    ppl = sub.add_parser("perplexity", parents=[common], help="held-out perplexity of full attention, the hybrid (lolcats) and LoLA")
+    ppl = sub.add_parser("perplexity", parents=[common], help="held-out perplexity of full attention, the hybrid and LoLA")
     from lola.eval.perplexity import PerplexityRun
 
     add_spec_options(ppl, PerplexityRun, PERPLEXITY_FIELDS, aliases={"lengths": ["--length"]})

@@ -51,7 +51,8 @@ class LoLAMemory(LayerState):
         schedule: when steps run.
         sinks: pinned first tokens, or ``None``.
         linear: the linear state (a fresh :class:`~lola.memory.LinearState` by default).
-        storage: ``"kv_head"`` or ``"query_head"``, see :class:`lola.LoLAConfig`.
+        gqa_storage: ``"kv_head"`` or ``"query_head"``, as :class:`lola.LoLAConfig`'s
+            ``gqa_storage`` (``storage``, its old name, still works with a warning).
         queries: running statistics of the layer's queries for the policy's
             :class:`~lola.policies.ScoringContext`; built automatically (with the policy's
             ``query_half_life``, default 64) when the policy sets ``needs_queries = True``.

@@ -12,6 +12,7 @@ rows. The engine's steps are functions over it (:mod:`lola.engine.block_loop`,
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -68,10 +69,14 @@ class LayerState:
         schedule: UpdateSchedule,
         sinks: SinkMemory | None = None,
         linear: LinearMemory | None = None,
-        storage: str = "kv_head",
+        gqa_storage: str = "kv_head",
         queries: QueryStatistics | None = None,
         layer: int | None = None,
+        storage: str | None = None,
     ) -> None:
+        if storage is not None:  # the old name of gqa_storage (the config's)
+            warnings.warn("LoLAMemory(storage=...) is now gqa_storage=..., the name LoLAConfig uses", DeprecationWarning, stacklevel=2)
+            gqa_storage = storage
         linear = linear if linear is not None else LinearState()
         sinks = sinks if sinks is not None else SinkTokens(0)
         for part, role, argument in (
@@ -100,15 +105,15 @@ class LayerState:
                 f"window.max_pending ({window.max_pending}) must be >= schedule.period ({schedule.period}): "
                 "tokens arriving between two steps wait in the window"
             )
-        if storage not in ("kv_head", "query_head"):
-            raise ValueError(f"storage must be 'kv_head' or 'query_head', got {storage!r}")
+        if gqa_storage not in ("kv_head", "query_head"):
+            raise ValueError(f"gqa_storage must be 'kv_head' or 'query_head', got {gqa_storage!r}")
         self.sinks = sinks
         self.window = window
         self.sparse = sparse
         self.linear = linear
         self.policy = policy
         self.schedule = schedule
-        self.storage = storage
+        self.gqa_storage = gqa_storage
         if queries is None and getattr(policy, "needs_queries", False):
             queries = QueryStatistics(getattr(policy, "query_half_life", 64.0))
         self.queries = queries
@@ -129,6 +134,12 @@ class LayerState:
         self.written = Written()
 
     @property
+    def storage(self) -> str:
+        """The old name of :attr:`gqa_storage` (deprecated)."""
+        warnings.warn("LoLAMemory.storage is now gqa_storage, the name LoLAConfig uses", DeprecationWarning, stacklevel=2)
+        return self.gqa_storage
+
+    @property
     def seen(self) -> torch.Tensor | None:
         """``[B]`` int64 real tokens each row has seen (``None`` before allocation)."""
         return self.counts.seen
@@ -145,7 +156,7 @@ class LayerState:
 
     def parts(self) -> tuple:
         """The component objects (memories, policy, schedule, statistics) and the storage mode."""
-        return (self.sinks, self.window, self.sparse, self.linear, self.policy, self.schedule, self.storage, self.queries)
+        return (self.sinks, self.window, self.sparse, self.linear, self.policy, self.schedule, self.gqa_storage, self.queries)
 
     def spec(self) -> dict[str, object]:
         """What a state must match to be used by a layer (its index, capacities, policy,
@@ -158,7 +169,7 @@ class LayerState:
             "sparse": _describe(self.sparse),
             "policy": _describe(self.policy),
             "schedule": _describe(self.schedule),
-            "storage": self.storage,
+            "gqa_storage": self.gqa_storage,
             "queries": _describe(self.queries),
         }
 
@@ -291,7 +302,7 @@ class LayerState:
                     queries=parts[4],
                     policy=self.policy,
                     schedule=self.schedule,
-                    storage=self.storage,
+                    gqa_storage=self.gqa_storage,
                 )
                 twin.allocate(1, layout.num_heads, layout.storage_heads, layout.head_dim, layout.feature_dim, dtype, torch.device("meta"))
             except Exception:  # a custom part that cannot be copied or allocated on meta
@@ -408,7 +419,7 @@ class LayerState:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(sinks={self.sinks!r}, window={self.window!r}, sparse={self.sparse!r}, "
-            f"policy={self.policy!r}, schedule={self.schedule!r}, storage={self.storage!r}"
+            f"policy={self.policy!r}, schedule={self.schedule!r}, gqa_storage={self.gqa_storage!r}"
             + (f", queries={self.queries!r}" if self.queries is not None else "")
             + ")"
         )

@@ -2,7 +2,7 @@
 
 ``lola sweep`` runs ``lola niah`` once per (haystack, length, budget) point, each in a folder of
 its own (resumable, as ``lola niah`` is), with four methods at the same exact tokens per K/V
-head: a sliding window (``window``), the window + linear hybrid (``lolcats``), LoLA
+head: a sliding window (``window``), the window + linear hybrid (``hybrid``), LoLA
 (``lola-<policy>``) and LoLA's exact tokens read alone (``lola-exact``: the same config,
 ``softmax_only``). A budget is a fraction of the length (``1/32``: 256 exact tokens at 8K) or
 ``paper``: the LoLA authors' footprint per K/V head (their η = λ = 256 per query head, with 3
@@ -106,7 +106,7 @@ def point_run(sweep: BudgetSweep, haystack: str, length: int, budget: str, prose
         lengths=[length],
         samples=sweep.samples,
         seed=sweep.seed,
-        methods=["window", "lolcats", "lola"],
+        methods=["window", "hybrid", "lola"],
         policies=[policy],
         haystack_file=prose_file if haystack == "prose" else None,
         variants={"exact": exact},

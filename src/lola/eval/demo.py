@@ -51,7 +51,7 @@ def _haystack(length: int, head_dim: int, vocab: int, depth: float, gen: torch.G
 
 MIN_BUDGET = 8
 """Smallest exact budget: the LoLA variants keep 4 sinks, a sparse cache of ``budget // 2``
-tokens and a window of the rest; ``window`` and ``lolcats`` keep 4 sinks and a window of the rest."""
+tokens and a window of the rest; ``window`` and ``hybrid`` keep 4 sinks and a window of the rest."""
 
 MAX_LENGTH = 2**14
 """Longest trial: the ``full`` method scores every pair of tokens at once, ``length²`` floats

@@ -12,7 +12,7 @@ from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
 from lola.eval.demo import Seed
 from lola.eval.niah import check_templates
-from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config
+from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config, method_name
 from lola.pretrained.resolve import resolve_config
 
 
@@ -32,7 +32,7 @@ def _known_and_distinct(name: str, values: list[str], available: Sequence[str]) 
     return _distinct(name, values)
 
 
-PAPER_METHODS = ("full", "lolcats", "lola")
+PAPER_METHODS = ("full", "hybrid", "lola")
 """The methods of the default run on a linearized model: full attention (stock weights), the
 window + linear hybrid with its trained rule, and LoLA."""
 
@@ -71,7 +71,7 @@ class NiahRun(BaseModel):
     # None: softmax_only, or with feature_maps lola.pretrained.resolve's default (lola_authors for LoLA, the
     # trained rule for the hybrid).
     mixing: Literal[MIXING_NAMES] | None = Field(
-        None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for lolcats)"
+        None, description="mixing rule of the lola method (none: softmax_only; with --feature-maps the paper's lola_authors, the trained rule for the hybrid)"
     )
     linear_decay: LinearDecayOption = None
     linear_share_cap: LinearShareCapOption = None
@@ -218,7 +218,7 @@ class NiahRun(BaseModel):
     @field_validator("methods")
     @classmethod
     def _known_methods(cls, methods: list[str]) -> list[str]:
-        return _known_and_distinct("methods", methods, METHODS)
+        return _known_and_distinct("methods", [method_name(m) for m in methods], METHODS)
 
     @field_validator("policies")
     @classmethod

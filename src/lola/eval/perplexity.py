@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
 from lola.data.text import TextOption
-from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config
+from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config, method_name
 from lola.pretrained.resolve import resolve_config
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
@@ -71,6 +71,11 @@ class PerplexityRun(BaseModel):
 
     heldout_fraction: float = Field(0.1, gt=0, lt=1)
 
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _todays_names(cls, values: object) -> object:
+        return [method_name(v) if isinstance(v, str) else v for v in values] if isinstance(values, list) else values
+
     @field_validator("lengths", "methods")
     @classmethod
     def _distinct(cls, values: list, info) -> list:
@@ -90,7 +95,7 @@ class PerplexityRun(BaseModel):
 
 def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
     """``{method: LoLA config}`` (``None`` = stock attention), built by :func:`lola.methods.method_config`:
-    ``lolcats`` is the hybrid (window + linear state, the window of ``lola``), ``lola`` adds the
+    ``hybrid`` is the hybrid (window + linear state, the window of ``lola``), ``lola`` adds the
     sparse cache, with ``run.budgets`` applied by :func:`lola.pretrained.resolve.resolve_config`. Mixing: ``run.mixing`` for ``lola``; left unset, with trained maps
     :func:`lola.pretrained.resolve.resolve_mixing` decides (``lola_authors`` for ``lola``, the trained rule
     for the hybrid), without them both use ``lola_authors``."""

@@ -4,7 +4,7 @@ Methods (:mod:`lola.methods`; all but ``full`` share one exact-token budget ``si
 
 - ``full``: stock attention and a growing cache.
 - ``window``: sinks + a sliding window of the whole budget, softmax only.
-- ``lolcats``: sinks + a sliding window of the whole budget + the linear state (mixed with the
+- ``hybrid``: sinks + a sliding window of the whole budget + the linear state (mixed with the
   run's rule, or ``lola_authors`` when that is ``softmax_only``, which would ignore the state).
 - ``lola``: sinks + window + sparse cache + linear state, once per scoring policy
   (reported as ``lola-<policy>``), with uniform or calibrated per-head budgets

@@ -159,7 +159,7 @@ def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pro
     check_budgets(run, model)
     configs = {m: c for m, c in method_configs(run).items() if c is not None and m != "window"}
     if not configs:
-        raise ValueError(f"methods {run.methods} hold no linear state to probe: add lolcats or lola")
+        raise ValueError(f"methods {run.methods} hold no linear state to probe: add hybrid or lola")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _claim(out, run)

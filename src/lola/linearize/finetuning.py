@@ -108,7 +108,7 @@ def _lora_layers(model: torch.nn.Module) -> list:
 @contextlib.contextmanager
 def _teacher(model: torch.nn.Module, attn_implementation: str) -> Iterator[None]:
     """The stock model: adapters off, stock attention (parameters' ``requires_grad`` kept)."""
-    from lola.integrations.transformers.applied import attention_switched
+    from lola.integrations.transformers.model_record import attention_switched
 
     layers = _lora_layers(model)
     grads = {id(p): p.requires_grad for p in model.parameters()}

@@ -10,11 +10,11 @@
         ...
 """
 
-from lola.integrations.transformers.applied import AppliedLoLA
 from lola.integrations.transformers.apply import apply_lola, attention_modules, patch, remove_lola
 from lola.integrations.transformers.attention import lola_attention_forward, register_attention
 from lola.integrations.transformers.cache import LoLACache, LoLACacheLayer
 from lola.integrations.transformers.lolcats import load_lolcats_checkpoint
+from lola.integrations.transformers.model_record import AppliedLoLA
 from lola.integrations.transformers.pretrained import from_pretrained
 
 __all__ = [

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from lola.config import LoLAConfig
-from lola.integrations.transformers.applied import CONFIG_KEY, AppliedLoLA, config_entry
 from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
 from lola.integrations.transformers.generation import install_forward_check, install_generation_hook, remove_forward_check, remove_generation_hook
 from lola.integrations.transformers.merged import install_save_hook, remove_save_hook
+from lola.integrations.transformers.model_record import CONFIG_KEY, AppliedLoLA, config_entry
 from lola.integrations.transformers.support import check_architecture, check_flag
 from lola.layer import LoLAAttention, compose
 from lola.pretrained.geometry import attention_geometry, attention_modules

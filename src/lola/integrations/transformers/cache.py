@@ -14,8 +14,8 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from lola.engine.composer import LoLAMemory
-from lola.integrations.transformers.applied import applied, check_attention_implementation
 from lola.integrations.transformers.attention import announce
+from lola.integrations.transformers.model_record import applied, check_attention_implementation
 from lola.io.checksums import sha256_file, weights_digest
 from lola.limits import MAX_TOKENS
 

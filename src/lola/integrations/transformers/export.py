@@ -96,8 +96,8 @@ def export_pretrained(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from lola.integrations.transformers.applied import applied
     from lola.integrations.transformers.apply import apply_lola
+    from lola.integrations.transformers.model_record import applied
     from lola.io.outputs import write_files
 
     if applied(model) is not None:

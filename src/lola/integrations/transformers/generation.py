@@ -10,11 +10,11 @@ before any compute. ``_prepare_position_ids_for_generation`` is shadowed too: an
 positions from it. :func:`remove_lola` takes the shadows away.
 
 Every forward, with a cache or without, first runs
-:func:`~lola.integrations.transformers.applied.check_attention_implementation` and
+:func:`~lola.integrations.transformers.model_record.check_attention_implementation` and
 :func:`check_attention_mask` and :func:`check_input_ids` (a forward pre-hook, :func:`install_forward_check`): a model switched to another attention implementation
 after ``apply_lola`` is refused instead of running stock attention. A switch made on purpose
 (stage 2 of ``lola linearize`` runs its teacher passes on the stock attention) goes through
-:func:`~lola.integrations.transformers.applied.attention_switched`.
+:func:`~lola.integrations.transformers.model_record.attention_switched`.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def check_input_ids(input_ids: Any, vocab_size: Any) -> None:
 
 
 def _check_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    from lola.integrations.transformers.applied import check_attention_implementation
+    from lola.integrations.transformers.model_record import check_attention_implementation
 
     check_attention_implementation(model)  # attribute reads: nothing waits for the device
     ids = kwargs.get("input_ids", args[0] if args else None)

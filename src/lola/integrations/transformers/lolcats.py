@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lola.feature_maps import HedgehogFeatureMap
-from lola.integrations.transformers.applied import applied
+from lola.integrations.transformers.model_record import applied
 
 __all__ = ["load_lolcats_checkpoint"]
 

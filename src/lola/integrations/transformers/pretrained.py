@@ -22,10 +22,10 @@ import torch
 from pydantic import ValidationError
 
 from lola.config import validation_summary
-from lola.integrations.transformers.applied import CONFIG_KEY, config_entry, saved_config
 from lola.integrations.transformers.apply import apply_lola, remove_lola
 from lola.integrations.transformers.attention import register_attention
 from lola.integrations.transformers.merged import check_merged_projections
+from lola.integrations.transformers.model_record import CONFIG_KEY, config_entry, saved_config
 from lola.pretrained.model_entry import read_entry
 
 # CONFIG_KEY, config_entry and saved_config live beside AppliedLoLA; re-exported here, where they are documented.

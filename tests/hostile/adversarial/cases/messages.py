@@ -131,7 +131,7 @@ def _maps_for_wrong_model_via_perplexity(ctx: Ctx):
     """A stage-1 folder of the tiny model given to lola perplexity on a model folder of another shape."""
     write_random_maps(ctx.path("maps"))
     folder = hf_folder(ctx.path("m"), "llama", num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    return cli_q(perplexity(str(folder), "lolcats", "--feature-maps", str(ctx.path("maps")), "--text", str(hay(ctx))))
+    return cli_q(perplexity(str(folder), "hybrid", "--feature-maps", str(ctx.path("maps")), "--text", str(hay(ctx))))
 
 
 def _cache_load_other_dtype(ctx: Ctx):
@@ -221,9 +221,7 @@ BATCH_1 = [
         "msg-perplexity-feature-maps-of-another-model",
         "messages",
         "lola perplexity --feature-maps smollm2-135m-instruct on tiny-random-llama",
-        lambda ctx: cli(
-            [*PPL, "--methods", "lolcats", "--feature-maps", "smollm2-135m-instruct", "--text", str(ctx.write("t.txt", "The sea is wide. " * 300))]
-        ),
+        lambda ctx: cli([*PPL, "--methods", "hybrid", "--feature-maps", "smollm2-135m-instruct", "--text", str(ctx.write("t.txt", "The sea is wide. " * 300))]),
         refuse("--feature-maps|feature maps in", "another model"),
     ),
     Case(

@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -107,45 +108,44 @@ def decode_case(B, H, Hs, N, D, F, dtype, device, mixing="lola_authors") -> Case
     return Case("decode_step", f"B={B} H={H} Hs={Hs} N={N} D={D} F={F} {mixing}", args, B, nbytes, flops)
 
 
+# The grids, a case a row: its builder and its sizes (the builder's arguments before dtype and
+# device). On a CPU the quick grid (< 1 minute on a small CPU) and the full one share no case; on
+# a GPU the quick grid is the full one's rows marked True, so each GPU case is written once.
+CPU_QUICK_GRID = [
+    (chunk_case, (1, 1024, 4, 64, 64)),
+    (softmax_case, (1, 4, 2, 128, 512, 64)),
+    (sre_case, (1, 4, 1024, 64, 64)),
+    (decode_case, (8, 8, 2, 512, 64, 64)),
+]
+CPU_GRID = [
+    (chunk_case, (1, 4096, 8, 64, 64)),
+    (chunk_case, (1, 2048, 8, 128, 128)),
+    (softmax_case, (1, 8, 2, 512, 1024, 64)),
+    (sre_case, (1, 8, 4096, 128, 128)),
+    (decode_case, (16, 16, 4, 512, 128, 128)),
+]
+GPU_GRID = [  # (in the quick grid, builder, sizes)
+    (False, chunk_case, (2, 4096, 16, 64, 64)),
+    (True, chunk_case, (2, 16384, 16, 64, 64)),
+    (True, chunk_case, (2, 16384, 16, 128, 128)),
+    (False, chunk_case, (8, 2048, 32, 128, 128)),
+    (True, softmax_case, (4, 32, 8, 1024, 1536, 128)),
+    (False, softmax_case, (2, 32, 8, 4096, 4096, 128)),
+    (False, sre_case, (2, 16, 16384, 64, 64)),
+    (True, sre_case, (2, 16, 16384, 128, 128)),
+    (True, decode_case, (64, 32, 8, 512, 128, 128)),
+    (True, decode_case, (64, 32, 32, 512, 64, 64)),
+    (False, partial(decode_case, mixing="softmax_only"), (64, 32, 8, 512, 128, 128)),
+    (False, decode_case, (1, 32, 8, 4096, 128, 128)),
+]
+
+
 def grid(quick: bool, on_gpu: bool, dtype, device) -> List[Case]:
-    if quick and not on_gpu:  # < 1 minute on a small CPU
-        return [
-            chunk_case(1, 1024, 4, 64, 64, dtype, device),
-            softmax_case(1, 4, 2, 128, 512, 64, dtype, device),
-            sre_case(1, 4, 1024, 64, 64, dtype, device),
-            decode_case(8, 8, 2, 512, 64, 64, dtype, device),
-        ]
-    if quick:
-        return [
-            chunk_case(2, 16384, 16, 64, 64, dtype, device),
-            chunk_case(2, 16384, 16, 128, 128, dtype, device),
-            softmax_case(4, 32, 8, 1024, 1536, 128, dtype, device),
-            sre_case(2, 16, 16384, 128, 128, dtype, device),
-            decode_case(64, 32, 8, 512, 128, 128, dtype, device),
-            decode_case(64, 32, 32, 512, 64, 64, dtype, device),
-        ]
-    if not on_gpu:
-        return [
-            chunk_case(1, 4096, 8, 64, 64, dtype, device),
-            chunk_case(1, 2048, 8, 128, 128, dtype, device),
-            softmax_case(1, 8, 2, 512, 1024, 64, dtype, device),
-            sre_case(1, 8, 4096, 128, 128, dtype, device),
-            decode_case(16, 16, 4, 512, 128, 128, dtype, device),
-        ]
-    return [
-        chunk_case(2, 4096, 16, 64, 64, dtype, device),
-        chunk_case(2, 16384, 16, 64, 64, dtype, device),
-        chunk_case(2, 16384, 16, 128, 128, dtype, device),
-        chunk_case(8, 2048, 32, 128, 128, dtype, device),
-        softmax_case(4, 32, 8, 1024, 1536, 128, dtype, device),
-        softmax_case(2, 32, 8, 4096, 4096, 128, dtype, device),
-        sre_case(2, 16, 16384, 64, 64, dtype, device),
-        sre_case(2, 16, 16384, 128, 128, dtype, device),
-        decode_case(64, 32, 8, 512, 128, 128, dtype, device),
-        decode_case(64, 32, 32, 512, 64, 64, dtype, device),
-        decode_case(64, 32, 8, 512, 128, 128, dtype, device, mixing="softmax_only"),
-        decode_case(1, 32, 8, 4096, 128, 128, dtype, device),
-    ]
+    if on_gpu:
+        rows = [(build, sizes) for in_quick, build, sizes in GPU_GRID if in_quick or not quick]
+    else:
+        rows = CPU_QUICK_GRID if quick else CPU_GRID
+    return [build(*sizes, dtype, device) for build, sizes in rows]
 
 
 # ------------------------------------------------------------------------------ timing

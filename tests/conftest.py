@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -33,6 +35,28 @@ def _nan_empty(*args, **kwargs):
     if out.is_floating_point():
         out.fill_(float("nan"))
     return out
+
+
+@pytest.fixture
+def installed_plugin(tmp_path, monkeypatch):
+    """``install(module, source, group, name, attr)``: a fake installed distribution (a module
+    ``module.py`` of ``source`` and its ``module-1.0.dist-info``) that publishes ``module:attr``
+    as entry point ``name`` of ``group``, importable from ``tmp_path``. Plugins are found through
+    the installed packages' metadata, so a test of that route needs one installed."""
+    installed = []
+
+    def install(module: str, source: str, group: str, name: str, attr: str) -> None:
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+        dist = tmp_path / f"{module}-1.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+        (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = {module}:{attr}\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        installed.append(module)
+
+    yield install
+    for module in installed:
+        sys.modules.pop(module, None)
 
 
 @pytest.fixture(autouse=True, scope="session")

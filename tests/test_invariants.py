@@ -21,13 +21,16 @@ from tests.oracles import (
     repeat_kv,
     step_decay_weights,
 )
+from tests.strategies import memory_sizes, seeds, storages
 
 POLICIES = ["sre", "attention", "recency", "random", "key_norm", "expected_attention", "key_diff", "fusion", "span", "at_exit", "peak"]
 FEATURE_MAPS = ["hedgehog_identity", "elu", "hedgehog", "taylor"]
+feature_maps = st.sampled_from(FEATURE_MAPS)
 
 
 @st.composite
 def shapes(draw, max_t: int = 40):
+    """``(b, t, h, h_kv, d)``: batch, length, query heads (a multiple of ``h_kv``), K/V heads, head size."""
     b = draw(st.integers(1, 3))
     h_kv = draw(st.integers(1, 2))
     h = h_kv * draw(st.integers(1, 3))
@@ -50,6 +53,13 @@ def build(cfg: lola.LoLAConfig, h: int, h_kv: int, d: int, seed: int = 0) -> lol
     with torch.no_grad():  # draw distinct gates per head so mixing bugs show
         attn.window_factors.uniform_(-2.0, 2.0)
     return attn
+
+
+def layer_and_inputs(cfg: lola.LoLAConfig, shape: tuple[int, int, int, int, int], seed: int):
+    """``build``'s layer for ``cfg`` and its inputs ``q [b, t, h, d]``, ``k, v [b, t, h_kv, d]``
+    for ``shape = (b, t, h, h_kv, d)``, all from ``seed``."""
+    b, t, h, h_kv, d = shape
+    return build(cfg, h, h_kv, d, seed), *make_inputs(b, t, h, h_kv, d, seed)
 
 
 def run_split(attn, q, k, v, cuts, padding_mask=None):
@@ -87,31 +97,36 @@ def assert_states_equal(a: lola.LoLAMemory, b: lola.LoLAMemory, ratio: float = 1
 cfg_common = dict(policy_kwargs={})
 
 
-def readable(*exact: int) -> dict:
+def readable(sizes: dict[str, int]) -> dict:
     """The default rule reads exact tokens alone and is refused for a layer with none; such a
     draw reads the linear state (the invariants are the memories', whatever the rule)."""
-    return {} if sum(exact) else {"mixing": "lola_authors"}
+    return {} if sizes["window"] + sizes["sparse_size"] + sizes["sinks"] else {"mixing": "lola_authors"}
+
+
+@st.composite
+def evicting_configs(draw, sizes: st.SearchStrategy[dict[str, int]], policies: list[str] = POLICIES) -> dict:
+    """``LoLAConfig`` keyword arguments: memory sizes drawn from ``sizes``, an eviction policy from
+    ``policies`` and a GQA storage, with a mixing rule that a layer of those sizes may use."""
+    config = draw(sizes) | {"policy": draw(st.sampled_from(policies)), "gqa_storage": draw(storages)}
+    return config | readable(config)
 
 
 # 1 -----------------------------------------------------------------------------------------------
 @settings(max_examples=40)
 @given(
     shape=shapes(),
-    window=st.integers(0, 12),
-    sinks=st.integers(0, 3),
-    chunk=st.integers(1, 8),
+    sizes=memory_sizes(window=(0, 12), sparse=0, sinks=(0, 3), chunk=(1, 8)),
     policy=st.sampled_from(POLICIES),
     mixing=st.sampled_from(["lolcats", "lola_authors", "softmax_only"]),
-    storage=st.sampled_from(["kv_head", "query_head"]),
-    fmap=st.sampled_from(FEATURE_MAPS),
-    seed=st.integers(0, 2**16),
+    storage=storages,
+    fmap=feature_maps,
+    seed=seeds,
 )
-def test_invariant1_nothing_evicted_is_exact_softmax(shape, window, sinks, chunk, policy, mixing, storage, fmap, seed):
-    b, t, h, h_kv, d = shape
-    sparse = max(0, t - window - sinks)  # window + sparse + sinks >= T: nothing reaches H
-    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, policy=policy, mixing=mixing, gqa_storage=storage, feature_map=fmap)
-    attn = build(cfg, h, h_kv, d, seed)
-    q, k, v = make_inputs(b, t, h, h_kv, d, seed)
+def test_invariant1_nothing_evicted_is_exact_softmax(shape, sizes, policy, mixing, storage, fmap, seed):
+    t = shape[1]
+    sizes = sizes | {"sparse_size": max(0, t - sizes["window"] - sizes["sinks"])}  # window + sparse + sinks >= T: nothing reaches H
+    cfg = lola.LoLAConfig(**sizes, policy=policy, mixing=mixing, gqa_storage=storage, feature_map=fmap)
+    attn, q, k, v = layer_and_inputs(cfg, shape, seed)
     o, state = attn(q, k, v)
     assert_rel_close(causal_softmax(q, k, v, attn.scale), o, 1e-5, "one call")
     assert float(state.linear.s.detach().abs().sum()) == 0.0
@@ -125,15 +140,14 @@ def test_invariant1_nothing_evicted_is_exact_softmax(shape, window, sinks, chunk
     shape=shapes(),
     mixing=st.sampled_from(["lolcats", "lola_authors"]),
     schedule=st.sampled_from(["tokenwise", "chunk1"]),
-    fmap=st.sampled_from(FEATURE_MAPS),
-    seed=st.integers(0, 2**16),
+    fmap=feature_maps,
+    seed=seeds,
 )
 def test_invariant2_no_exact_memory_is_linear_attention(shape, mixing, schedule, fmap, seed):
-    b, t, h, h_kv, d = shape
+    h, h_kv = shape[2:4]
     sched = dict(schedule="tokenwise") if schedule == "tokenwise" else dict(schedule="chunkwise", chunk=1)
     cfg = lola.LoLAConfig(window=0, sparse_size=0, sinks=0, mixing=mixing, feature_map=fmap, **sched)
-    attn = build(cfg, h, h_kv, d, seed)
-    q, k, v = make_inputs(b, t, h, h_kv, d, seed)
+    attn, q, k, v = layer_and_inputs(cfg, shape, seed)
     with torch.no_grad():
         o, _ = attn(q, k, v)
         fq = attn.feature_map_q(q.transpose(1, 2)).transpose(1, 2)
@@ -145,24 +159,19 @@ def test_invariant2_no_exact_memory_is_linear_attention(shape, mixing, schedule,
 @settings(max_examples=40)
 @given(
     shape=shapes(),
-    window=st.integers(0, 10),
-    sinks=st.integers(0, 3),
-    chunk=st.integers(1, 8),
+    sizes=memory_sizes(window=(0, 10), sparse=0, sinks=(0, 3), chunk=(1, 8)),
     affine=st.booleans(),
-    storage=st.sampled_from(["kv_head", "query_head"]),
-    fmap=st.sampled_from(FEATURE_MAPS),
+    storage=storages,
+    fmap=feature_maps,
     decay=st.sampled_from([1.0, 0.9, 0.5]),
     cap=st.sampled_from([None, 0.3, 0.8]),
     cap_from=st.sampled_from([0, 3, 7]),
-    seed=st.integers(0, 2**16),
+    seed=seeds,
 )
-def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, chunk, affine, storage, fmap, decay, cap, cap_from, seed):
-    b, t, h, h_kv, d = shape
+def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, sizes, affine, storage, fmap, decay, cap, cap_from, seed):
+    t, h, h_kv = shape[1:4]
     cfg = lola.LoLAConfig(
-        window=window,
-        sparse_size=0,
-        sinks=sinks,
-        chunk=chunk,
+        **sizes,
         mixing="lolcats",
         affine=affine,
         gqa_storage=storage,
@@ -171,14 +180,13 @@ def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, 
         linear_share_cap=cap,
         linear_share_cap_from=cap_from if cap is not None else 0,
     )
-    attn = build(cfg, h, h_kv, d, seed)
-    q, k, v = make_inputs(b, t, h, h_kv, d, seed)
+    attn, q, k, v = layer_and_inputs(cfg, shape, seed)
     g = h // h_kv
     with torch.no_grad():
         fq = attn.feature_map_q(q.transpose(1, 2)).transpose(1, 2)
         gate = torch.sigmoid(attn.window_factors).view(-1)
-        exact = hybrid_exact_mask(t, window, sinks, chunk)
-        weights = step_decay_weights(t, chunk, decay)  # a decaying state: each key by its age at the last step
+        exact = hybrid_exact_mask(t, sizes["window"], sizes["sinks"], sizes["chunk"])
+        weights = step_decay_weights(t, sizes["chunk"], decay)  # a decaying state: each key by its age at the last step
         ref = lolcats_hybrid(q, repeat_kv(k, g), repeat_kv(v, g), fq, key_features(attn, k), exact, gate, attn.scale, affine, weights, cap, cap_from)
         o_par, _ = attn(q, k, v)
         o_rec, _ = run_split(attn, q, k, v, list(range(1, t)))
@@ -188,12 +196,10 @@ def test_invariant3_no_sparse_cache_is_the_lolcats_hybrid(shape, window, sinks, 
 
 # 4 -----------------------------------------------------------------------------------------------
 @settings(max_examples=25)
-@given(
-    shape=shapes(), window=st.integers(0, 8), sparse=st.integers(0, 8), sinks=st.integers(0, 2), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**16)
-)
-def test_invariant4_chunkwise_one_equals_tokenwise(shape, window, sparse, sinks, policy, seed):
+@given(shape=shapes(), sizes=memory_sizes(window=(0, 8), sparse=(0, 8), sinks=(0, 2)), policy=st.sampled_from(POLICIES), seed=seeds)
+def test_invariant4_chunkwise_one_equals_tokenwise(shape, sizes, policy, seed):
     b, t, h, h_kv, d = shape
-    common = dict(window=window, sparse_size=sparse, sinks=sinks, policy=policy, **readable(window, sparse, sinks))
+    common = dict(**sizes, policy=policy, **readable(sizes))
     a1 = build(lola.LoLAConfig(schedule="tokenwise", **common), h, h_kv, d, seed)
     a2 = build(lola.LoLAConfig(schedule="chunkwise", chunk=1, **common), h, h_kv, d, seed)
     a2.load_state_dict(a1.state_dict())
@@ -209,23 +215,14 @@ def test_invariant4_chunkwise_one_equals_tokenwise(shape, window, sparse, sinks,
 @settings(max_examples=40)
 @given(
     shape=shapes(),
-    window=st.integers(0, 10),
-    sparse=st.integers(0, 10),
-    sinks=st.integers(0, 3),
-    chunk=st.integers(1, 8),
-    policy=st.sampled_from(POLICIES),
-    storage=st.sampled_from(["kv_head", "query_head"]),
+    config=evicting_configs(memory_sizes(window=(0, 10), sparse=(0, 10), sinks=(0, 3), chunk=(1, 8))),
     decay=st.sampled_from([1.0, 0.8]),
     data=st.data(),
 )
-def test_invariant5_split_and_resume(shape, window, sparse, sinks, chunk, policy, storage, decay, data):
-    b, t, h, h_kv, d = shape
-    seed = data.draw(st.integers(0, 2**16))
-    cfg = lola.LoLAConfig(
-        window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, policy=policy, gqa_storage=storage, linear_decay=decay, **readable(window, sparse, sinks)
-    )
-    attn = build(cfg, h, h_kv, d, seed)
-    q, k, v = make_inputs(b, t, h, h_kv, d, seed)
+def test_invariant5_split_and_resume(shape, config, decay, data):
+    t = shape[1]
+    seed = data.draw(seeds)
+    attn, q, k, v = layer_and_inputs(lola.LoLAConfig(**config, linear_decay=decay), shape, seed)
     # A prefill of any length, then decode token by token, then maybe another segment.
     cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, t - 1)), max_size=6))))
     if data.draw(st.booleans()):
@@ -244,21 +241,11 @@ def positions(block_pos: torch.Tensor, b: int, hs: int) -> list[int]:
 
 
 @settings(max_examples=30)
-@given(
-    shape=shapes(),
-    window=st.integers(0, 8),
-    sparse=st.integers(0, 8),
-    sinks=st.integers(0, 3),
-    chunk=st.integers(1, 6),
-    policy=st.sampled_from(POLICIES),
-    storage=st.sampled_from(["kv_head", "query_head"]),
-    seed=st.integers(0, 2**16),
-)
-def test_invariant6_conservation_every_token_in_exactly_one_memory(shape, window, sparse, sinks, chunk, policy, storage, seed):
+@given(shape=shapes(), config=evicting_configs(memory_sizes(window=(0, 8), sparse=(0, 8), sinks=(0, 3), chunk=(1, 6))), seed=seeds)
+def test_invariant6_conservation_every_token_in_exactly_one_memory(shape, config, seed):
     b, t, h, h_kv, d = shape
-    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, policy=policy, gqa_storage=storage, **readable(window, sparse, sinks))
-    attn = build(cfg, h, h_kv, d, seed)
-    q, k, v = make_inputs(b, t, h, h_kv, d, seed)
+    sinks = config["sinks"]
+    attn, q, k, v = layer_and_inputs(lola.LoLAConfig(**config), shape, seed)
     g = h // h_kv
     fk = key_features(attn, k).double()  # [B, T, H, F]
     vq = repeat_kv(v, g).double()
@@ -307,19 +294,13 @@ def oracle_scores(policy: str, attn, k, v, pos: list[int], row: int, hs: int, H:
 @settings(max_examples=30)
 @given(
     shape=shapes(max_t=30),
-    window=st.integers(0, 6),
-    sparse=st.integers(1, 6),
-    sinks=st.integers(0, 2),
-    chunk=st.integers(1, 5),
-    policy=st.sampled_from(["sre", "recency", "key_norm"]),
-    storage=st.sampled_from(["kv_head", "query_head"]),
-    seed=st.integers(0, 2**16),
+    config=evicting_configs(memory_sizes(window=(0, 6), sparse=(1, 6), sinks=(0, 2), chunk=(1, 5)), policies=["sre", "recency", "key_norm"]),
+    seed=seeds,
 )
-def test_invariant7_sparse_cache_holds_top_scored_candidates(shape, window, sparse, sinks, chunk, policy, storage, seed):
-    b, t, h, h_kv, d = shape
-    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, policy=policy, gqa_storage=storage, **readable(window, sparse, sinks))
-    attn = build(cfg, h, h_kv, d, seed)
-    q, k, v = make_inputs(b, t, h, h_kv, d, seed)
+def test_invariant7_sparse_cache_holds_top_scored_candidates(shape, config, seed):
+    b, t = shape[:2]
+    window, sparse, sinks, chunk, policy = (config[name] for name in ("window", "sparse_size", "sinks", "chunk", "policy"))
+    attn, q, k, v = layer_and_inputs(lola.LoLAConfig(**config), shape, seed)
     state = None
     with torch.no_grad():
         for i in range(t):
@@ -343,24 +324,13 @@ def test_invariant7_sparse_cache_holds_top_scored_candidates(shape, window, spar
 
 # 8 -----------------------------------------------------------------------------------------------
 @settings(max_examples=30)
-@given(
-    shape=shapes(),
-    window=st.integers(0, 8),
-    sparse=st.integers(0, 8),
-    sinks=st.integers(0, 3),
-    chunk=st.integers(1, 6),
-    policy=st.sampled_from(POLICIES),
-    storage=st.sampled_from(["kv_head", "query_head"]),
-    data=st.data(),
-)
-def test_invariant8_left_padded_batch_equals_each_row_alone(shape, window, sparse, sinks, chunk, policy, storage, data):
+@given(shape=shapes(), config=evicting_configs(memory_sizes(window=(0, 8), sparse=(0, 8), sinks=(0, 3), chunk=(1, 6))), data=st.data())
+def test_invariant8_left_padded_batch_equals_each_row_alone(shape, config, data):
     b, t, h, h_kv, d = shape
     b = max(b, 2)
-    seed = data.draw(st.integers(0, 2**16))
-    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, policy=policy, gqa_storage=storage, **readable(window, sparse, sinks))
-    attn = build(cfg, h, h_kv, d, seed)
+    seed = data.draw(seeds)
+    attn, q, k, v = layer_and_inputs(lola.LoLAConfig(**config), (b, t, h, h_kv, d), seed)
     pads = data.draw(st.lists(st.integers(0, t - 1), min_size=b, max_size=b))
-    q, k, v = make_inputs(b, t, h, h_kv, d, seed)
     mask = torch.ones(b, t, dtype=torch.bool)
     for row, p in enumerate(pads):
         mask[row, :p] = False

@@ -1,5 +1,3 @@
-import sys
-import textwrap
 from dataclasses import dataclass
 
 import pytest
@@ -94,22 +92,14 @@ def test_unknown_schedules_and_bad_factories_are_refused():
         schedules.register("chunkwise", lambda chunk: Chunkwise(chunk))
 
 
-def test_entry_point_route(tmp_path, monkeypatch):
-    (tmp_path / "thirdparty_schedule.py").write_text(
-        textwrap.dedent(
-            """
+def test_entry_point_route(installed_plugin):
+    source = """
         from lola.schedules import Chunkwise
 
         def doubled(chunk):
             return Chunkwise(2 * chunk)
         """
-        )
-    )
-    dist = tmp_path / "thirdparty_schedule-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-schedule\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[lola.schedules]\ndoubled = thirdparty_schedule:doubled\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    installed_plugin("thirdparty_schedule", source, "lola.schedules", "doubled", "doubled")
     try:
         schedules.reload_entry_points()
         assert "doubled" in schedules.available()
@@ -117,4 +107,3 @@ def test_entry_point_route(tmp_path, monkeypatch):
         assert state.schedule == Chunkwise(6)
     finally:
         schedules.unregister("doubled")
-        sys.modules.pop("thirdparty_schedule", None)

@@ -9,11 +9,18 @@ from hypothesis import strategies as st
 import lola
 from lola import kernels as K
 from lola.core import mix
+from tests.strategies import memory_sizes, seeds, storages
 
 
 def _inputs(b, t, h, hkv, d, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(b, t, h, d, generator=g), torch.randn(b, t, hkv, d, generator=g), torch.randn(b, t, hkv, d, generator=g)
+
+
+def _drawn_layer(cfg: lola.LoLAConfig, seed: int) -> lola.LoLAAttention:
+    """The layer of the drawn tests: 4 query heads, 2 K/V heads, head size 8, weights from ``seed``."""
+    torch.manual_seed(seed)
+    return lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
 
 
 def test_the_hybrid_linear_part_is_one_chunk_linear_attention_call():
@@ -58,24 +65,18 @@ def test_record_calls_names_the_backend_and_nests():
 
 @settings(max_examples=25, deadline=None)
 @given(
-    window=st.integers(1, 6),
-    sparse=st.integers(0, 5),
-    sinks=st.integers(0, 3),
-    chunk=st.integers(1, 6),
+    sizes=memory_sizes(window=(1, 6), sparse=(0, 5), sinks=(0, 3), chunk=(1, 6)),
     mixing=st.sampled_from(["lolcats", "lola_authors", "softmax_only"]),
     affine=st.booleans(),
-    storage=st.sampled_from(["kv_head", "query_head"]),
+    storage=storages,
     prefill=st.integers(1, 12),
     pad=st.integers(0, 3),
-    seed=st.integers(0, 2**16),
+    seed=seeds,
 )
-def test_fused_decode_equals_attend_then_mix(window, sparse, sinks, chunk, mixing, affine, storage, prefill, pad, seed):
+def test_fused_decode_equals_attend_then_mix(sizes, mixing, affine, storage, prefill, pad, seed):
     """Row 0 is left-padded by ``pad`` tokens, so rows decode at different positions."""
-    cfg = lola.LoLAConfig(
-        window=window, sparse_size=sparse, sinks=sinks, chunk=max(chunk, 1), mixing=mixing, affine=affine and mixing == "lolcats", gqa_storage=storage
-    )
-    torch.manual_seed(seed)
-    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    cfg = lola.LoLAConfig(**sizes, mixing=mixing, affine=affine and mixing == "lolcats", gqa_storage=storage)
+    attn = _drawn_layer(cfg, seed)
     with torch.no_grad():
         attn.window_factors.normal_()
     q, k, v = _inputs(2, prefill + 6, 4, 2, 8, seed)
@@ -255,22 +256,17 @@ def test_decode_reads_nothing_back_between_steps(accelerator_checks, padded):
 
 @settings(max_examples=20, deadline=None)
 @given(
-    window=st.integers(1, 5),
-    sparse=st.integers(0, 5),
-    sinks=st.integers(0, 3),
-    chunk=st.integers(1, 6),
+    sizes=memory_sizes(window=(1, 5), sparse=(0, 5), sinks=(0, 3), chunk=(1, 6)),
     length=st.integers(1, 14),
     pad=st.integers(0, 3),
     offset=st.integers(0, 2),
-    seed=st.integers(0, 2**16),
+    seed=seeds,
 )
-def test_attend_without_query_features_reads_no_linear_state_and_writes_the_same(window, sparse, sinks, chunk, length, pad, offset, seed):
+def test_attend_without_query_features_reads_no_linear_state_and_writes_the_same(sizes, length, pad, offset, seed):
     """``fq=None`` (what a ``softmax_only`` layer passes): the same exact partials and the same
     state as with the features, and a zero linear partial; uniform and padded rows, and rows that
     start at different positions."""
-    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, mixing="lolcats")
-    torch.manual_seed(seed)
-    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    attn = _drawn_layer(lola.LoLAConfig(**sizes, mixing="lolcats"), seed)
     q, k, v = _inputs(2, length + offset, 4, 2, 8, seed)
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     valid = torch.ones(2, length + offset, dtype=torch.bool)
@@ -299,21 +295,16 @@ def test_attend_without_query_features_reads_no_linear_state_and_writes_the_same
 
 @settings(max_examples=20, deadline=None)
 @given(
-    window=st.integers(1, 4),
-    sparse=st.integers(0, 4),
-    sinks=st.integers(0, 2),
-    chunk=st.integers(1, 5),
+    sizes=memory_sizes(window=(1, 4), sparse=(0, 4), sinks=(0, 2), chunk=(1, 5)),
     mixing=st.sampled_from(["lolcats", "softmax_only"]),
     lead=st.integers(1, 6),
-    seed=st.integers(0, 2**16),
+    seed=seeds,
 )
-def test_one_token_per_row_at_different_positions_equals_each_row_alone(window, sparse, sinks, chunk, mixing, lead, seed):
+def test_one_token_per_row_at_different_positions_equals_each_row_alone(sizes, mixing, lead, seed):
     """Single tokens of rows at different positions run as the loop's host case (each row's step
     before its read, no device read): outputs and states equal each row's run in a batch of its own."""
-    cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=sinks, chunk=chunk, mixing=mixing)
-    torch.manual_seed(seed)
-    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
-    q, k, v = _inputs(2, lead + 2 * chunk + 3, 4, 2, 8, seed)
+    attn = _drawn_layer(lola.LoLAConfig(**sizes, mixing=mixing), seed)
+    q, k, v = _inputs(2, lead + 2 * sizes["chunk"] + 3, 4, 2, 8, seed)
     mask = torch.ones(2, lead + 1, dtype=torch.bool)
     mask[0, :lead] = False  # row 0 starts `lead` tokens behind row 1
     _, both = attn(q[:, : lead + 1], k[:, : lead + 1], v[:, : lead + 1], padding_mask=mask)

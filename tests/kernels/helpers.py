@@ -1,6 +1,7 @@
 """Shared test helpers for the kernel tests."""
 
 import importlib
+from collections.abc import Sequence
 
 import torch
 
@@ -20,6 +21,14 @@ def assert_close_rel(ref: torch.Tensor, out: torch.Tensor, ratio: float, name: s
     scale = ref.norm().item()
     rel = err / scale if scale > 0 else err
     assert rel <= ratio, f"{name}: relative error {rel:.3e} > {ratio:.1e}"
+
+
+def assert_outputs_close(ref: Sequence[torch.Tensor], out: Sequence[torch.Tensor], ratio: float, names: Sequence[str]) -> None:
+    """:func:`assert_close_rel` output by output: ``ref[i]`` against ``out[i]``, named ``names[i]``
+    (``names`` may go on past the outputs compared)."""
+    assert len(ref) == len(out), f"{len(out)} outputs, {len(ref)} expected"
+    for name, r, o in zip(names, ref, out):
+        assert_close_rel(r, o, ratio, name)
 
 
 def tolerance(dtype: torch.dtype) -> float:

@@ -6,10 +6,17 @@ from hypothesis import strategies as st
 import lola.kernels as K
 from lola.kernels.chunk_linear_attention import reference as ref
 
-from .helpers import DTYPES, assert_close_rel, tolerance, triton_impl
+from .helpers import DTYPES, assert_outputs_close, tolerance, triton_impl
 
 SIZES_T = [1, 63, 65, 200]
 SIZES_FD = [(64, 60), (128, 64)]
+OUTPUTS = ("num", "den", "H_T", "s_T")
+
+
+def flat(out):
+    """``(num, den, (H_T, s_T))`` as ``(num, den, H_T, s_T)``."""
+    num, den, (h, s) = out
+    return num, den, h, s
 
 
 def make_inputs(B, T, H, F, D, dtype=torch.float32, device="cpu", state=False, seed=0):
@@ -33,14 +40,12 @@ def make_inputs(B, T, H, F, D, dtype=torch.float32, device="cpu", state=False, s
 @pytest.mark.parametrize("state", [False, True])
 def test_chunked_matches_naive(T, F, D, state):
     fq, fk, v, init = make_inputs(2, T, 2, F, D, state=state)
-    num, den, (h, s) = ref.chunk_linear_attention(fq, fk, v, init, output_final_state=True)
-    n_num, n_den, (n_h, n_s) = ref.naive_recurrent_linear_attention(fq, fk, v, init, output_final_state=True)
+    got = ref.chunk_linear_attention(fq, fk, v, init, output_final_state=True)
+    naive = ref.naive_recurrent_linear_attention(fq, fk, v, init, output_final_state=True)
+    num, den, (h, s) = got
     assert num.dtype == den.dtype == h.dtype == s.dtype == torch.float32
     assert num.shape == (2, T, 2, D) and den.shape == (2, T, 2)
-    assert_close_rel(n_num, num, 1e-5, "num")
-    assert_close_rel(n_den, den, 1e-5, "den")
-    assert_close_rel(n_h, h, 1e-5, "H_T")
-    assert_close_rel(n_s, s, 1e-5, "s_T")
+    assert_outputs_close(flat(naive), flat(got), 1e-5, OUTPUTS)
 
 
 @settings(max_examples=8, deadline=None)
@@ -55,10 +60,9 @@ def test_chunked_matches_naive(T, F, D, state):
 )
 def test_property_chunked_equals_naive(T, H, F, D, chunk, state, seed):
     fq, fk, v, init = make_inputs(1, T, H, F, D, state=state, seed=seed)
-    num, den, _ = ref.chunk_linear_attention(fq, fk, v, init, chunk_size=chunk)
-    n_num, n_den, _ = ref.naive_recurrent_linear_attention(fq, fk, v, init)
-    assert_close_rel(n_num, num, 1e-5, "num")
-    assert_close_rel(n_den, den, 1e-5, "den")
+    got = ref.chunk_linear_attention(fq, fk, v, init, chunk_size=chunk)
+    naive = ref.naive_recurrent_linear_attention(fq, fk, v, init)
+    assert_outputs_close(naive[:2], got[:2], 1e-5, OUTPUTS)
 
 
 def split_and_resume(fn, fq, fk, v, init, t1):
@@ -74,10 +78,7 @@ def test_property_split_and_resume(T, frac, state, seed):
     fq, fk, v, init = make_inputs(1, T, 2, 16, 8, state=state, seed=seed)
     whole = ref.chunk_linear_attention(fq, fk, v, init, True)
     num, den, (h, s) = split_and_resume(ref.chunk_linear_attention, fq, fk, v, init, t1)
-    assert_close_rel(whole[0], num, 1e-5, "num")
-    assert_close_rel(whole[1], den, 1e-5, "den")
-    assert_close_rel(whole[2][0], h, 1e-5, "H_T")
-    assert_close_rel(whole[2][1], s, 1e-5, "s_T")
+    assert_outputs_close(flat(whole), (num, den, h, s), 1e-5, OUTPUTS)
 
 
 def test_reference_empty_sequence():
@@ -97,12 +98,8 @@ def test_triton_matches_reference(triton_device, dtype, T, F, D):
     fq, fk, v, init = make_inputs(1, T, 2, F, D, dtype, triton_device, state=T != 63)
     expected = ref.chunk_linear_attention(fq, fk, v, init, True)
     num, den, (h, s) = triton_impl("chunk_linear_attention")(fq, fk, v, init, True)
-    tol = tolerance(dtype)
     assert num.dtype == den.dtype == h.dtype == s.dtype == torch.float32
-    assert_close_rel(expected[0], num, tol, "num")
-    assert_close_rel(expected[1], den, tol, "den")
-    assert_close_rel(expected[2][0], h, tol, "H_T")
-    assert_close_rel(expected[2][1], s, tol, "s_T")
+    assert_outputs_close(flat(expected), (num, den, h, s), tolerance(dtype), OUTPUTS)
 
 
 @pytest.mark.parametrize("final", [False, True])
@@ -112,11 +109,9 @@ def test_triton_several_chunks_from_an_empty_state(triton_device, final):
     fq, fk, v, _ = make_inputs(1, 200, 2, 64, 64, device=triton_device)
     expected = ref.chunk_linear_attention(fq, fk, v, None, True)
     num, den, state = triton_impl("chunk_linear_attention")(fq, fk, v, None, final)
-    assert_close_rel(expected[0], num, 1e-5, "num")
-    assert_close_rel(expected[1], den, 1e-5, "den")
+    assert_outputs_close(expected[:2], (num, den), 1e-5, OUTPUTS)
     if final:
-        assert_close_rel(expected[2][0], state[0], 1e-5, "H_T")
-        assert_close_rel(expected[2][1], state[1], 1e-5, "s_T")
+        assert_outputs_close(expected[2], state, 1e-5, OUTPUTS[2:])
     else:
         assert state is None
 
@@ -127,17 +122,14 @@ def test_triton_no_final_state_and_odd_sizes(triton_device):
     expected = ref.chunk_linear_attention(fq, fk, v)
     num, den, final = triton_impl("chunk_linear_attention")(fq, fk, v)
     assert final is None
-    assert_close_rel(expected[0], num, 1e-5, "num")
-    assert_close_rel(expected[1], den, 1e-5, "den")
+    assert_outputs_close(expected[:2], (num, den), 1e-5, OUTPUTS)
 
 
 def test_triton_split_and_resume(triton_device):
     fq, fk, v, init = make_inputs(1, 150, 2, 64, 32, device=triton_device, state=True)
     whole = ref.chunk_linear_attention(fq, fk, v, init, True)
     num, den, (h, s) = split_and_resume(triton_impl("chunk_linear_attention"), fq, fk, v, init, 70)
-    assert_close_rel(whole[0], num, 1e-5, "num")
-    assert_close_rel(whole[1], den, 1e-5, "den")
-    assert_close_rel(whole[2][0], h, 1e-5, "H_T")
+    assert_outputs_close(flat(whole)[:3], (num, den, h), 1e-5, OUTPUTS)
 
 
 def test_triton_empty_sequence(triton_device):
@@ -151,10 +143,8 @@ def test_public_op_on_triton(triton_device):
     with K.use_backend("triton"):
         num, den, final = K.chunk_linear_attention(fq, fk, v, initial_state=init, output_final_state=True)
     with K.use_backend("reference"):
-        e_num, e_den, e_final = K.chunk_linear_attention(fq, fk, v, initial_state=init, output_final_state=True)
-    assert_close_rel(e_num, num, 5e-3, "num")
-    assert_close_rel(e_den, den, 5e-3, "den")
-    assert_close_rel(e_final[0], final[0], 5e-3, "H_T")
+        expected = K.chunk_linear_attention(fq, fk, v, initial_state=init, output_final_state=True)
+    assert_outputs_close(flat(expected)[:3], (num, den, final[0]), 5e-3, OUTPUTS)
 
 
 # ---------------------------------------------------------------- validation
@@ -181,5 +171,4 @@ def test_triton_non_contiguous_and_mixed_dtypes(triton_device):
     v = torch.randn(1, 70, 2, 8, device=triton_device, dtype=torch.bfloat16)
     expected = ref.chunk_linear_attention(fq, fk, v)
     num, den, _ = triton_impl("chunk_linear_attention")(fq, fk, v)
-    assert_close_rel(expected[0], num, 1e-5, "num")
-    assert_close_rel(expected[1], den, 1e-5, "den")
+    assert_outputs_close(expected[:2], (num, den), 1e-5, OUTPUTS)

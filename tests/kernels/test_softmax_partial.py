@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 import lola.kernels as K
 from lola.kernels.softmax_partial import reference as ref
 
-from .helpers import DTYPES, assert_close_rel, tolerance, triton_impl
+from .helpers import DTYPES, assert_close_rel, assert_outputs_close, tolerance, triton_impl
+
+OUTPUTS = ("num", "den", "max")
 
 
 def make_inputs(B, H, Hs, L, N, D, dtype=torch.float32, device="cpu", empty_frac=0.25, seed=0, logit_scale=1.0):
@@ -55,11 +57,8 @@ SIZES_N = [1, 63, 65, 200]
 def test_reference_matches_dense(N, H, Hs):
     q, k, v, q_pos, k_pos = make_inputs(2, H, Hs, 7, N, 16)
     num, den, mx = ref.softmax_partial(q, k, v, q_pos, k_pos, 0.25)
-    e_num, e_den, e_max = dense_masked_softmax(q, k, v, q_pos, k_pos, 0.25)
     assert num.dtype == den.dtype == mx.dtype == torch.float32
-    assert_close_rel(e_num, num, 1e-5, "num")
-    assert_close_rel(e_den, den, 1e-5, "den")
-    assert_close_rel(e_max, mx, 1e-5, "max")
+    assert_outputs_close(dense_masked_softmax(q, k, v, q_pos, k_pos, 0.25), (num, den, mx), 1e-5, OUTPUTS)
 
 
 @settings(max_examples=10, deadline=None)
@@ -76,8 +75,7 @@ def test_property_reference_matches_dense(L, N, G, Hs, D, empty, seed):
     q, k, v, q_pos, k_pos = make_inputs(1, G * Hs, Hs, L, N, D, empty_frac=empty, seed=seed)
     got = ref.softmax_partial(q, k, v, q_pos, k_pos, D**-0.5)
     want = dense_masked_softmax(q, k, v, q_pos, k_pos, D**-0.5)
-    for name, e, o in zip(("num", "den", "max"), want, got):
-        assert_close_rel(e, o, 1e-5, name)
+    assert_outputs_close(want, got, 1e-5, OUTPUTS)
 
 
 def test_partials_of_disjoint_key_sets_combine():
@@ -141,17 +139,15 @@ def test_triton_matches_reference(triton_device, dtype, N, D, H, Hs):
     q, k, v, q_pos, k_pos = make_inputs(1, H, Hs, 17, N, D, dtype, triton_device)
     expected = ref.softmax_partial(q, k, v, q_pos, k_pos, D**-0.5)
     got = triton_impl("softmax_partial")(q, k, v, q_pos, k_pos, D**-0.5)
-    for name, e, o in zip(("num", "den", "max"), expected, got):
-        assert o.dtype == torch.float32
-        assert_close_rel(e, o, tolerance(dtype), name)
+    assert all(o.dtype == torch.float32 for o in got)
+    assert_outputs_close(expected, got, tolerance(dtype), OUTPUTS)
 
 
 def test_triton_long_queries_gqa(triton_device):
     q, k, v, q_pos, k_pos = make_inputs(2, 4, 2, 70, 65, 32, device=triton_device)
     expected = ref.softmax_partial(q, k, v, q_pos, k_pos, 0.2)
     got = triton_impl("softmax_partial")(q, k, v, q_pos, k_pos, 0.2)
-    for name, e, o in zip(("num", "den", "max"), expected, got):
-        assert_close_rel(e, o, 1e-5, name)
+    assert_outputs_close(expected, got, 1e-5, OUTPUTS)
 
 
 def test_triton_nothing_visible(triton_device):
@@ -175,8 +171,7 @@ def test_public_op_on_triton(triton_device):
         got = K.softmax_partial(q, k, v, q_pos, k_pos, 0.25)
     with K.use_backend("reference"):
         expected = K.softmax_partial(q, k, v, q_pos, k_pos, 0.25)
-    for name, e, o in zip(("num", "den", "max"), expected, got):
-        assert_close_rel(e, o, 5e-3, name)
+    assert_outputs_close(expected, got, 5e-3, OUTPUTS)
 
 
 def test_validation_messages():

@@ -2,12 +2,13 @@
 resume equals an uninterrupted run, the folder loads with its adapters merged, and the training
 hybrid is the inference path."""
 
+import copy
 import json
 import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import lola
 from lola.data.text import ByteTokenizer
@@ -15,28 +16,18 @@ from lola.integrations.transformers import apply_lola, remove_lola
 from lola.linearize import FinetuneConfig, LinearizeConfig, distillation_loss, finetune, linearize, read_feature_maps
 from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE, FINETUNE_REPORT_FILE
 from lola.linearize.training_attention import HYBRID_ATTENTION, register_hybrid_attention
+from lola.models import tiny_random
 
 STAGE1 = LinearizeConfig(steps=4, chunk_tokens=96, train_chunks=2, eval_chunks=1, window=8, text=["pydoc"])
 STAGE2 = FinetuneConfig(steps=24, seq_len=96, eval_chunks=1, warmup_steps=0, lr=3e-2, maps_lr=3e-2, checkpoint_every=4, text=["pydoc"])
 
 
 def sharp_model(seed: int = 0) -> LlamaForCausalLM:
-    """A tiny Llama whose next-token distributions are peaked (larger init), so that the hybrid
-    and full attention disagree measurably."""
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        initializer_range=0.25,
-        attn_implementation="sdpa",
-        bos_token_id=None,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
+    """The tiny Llama of :func:`lola.models.tiny_random` with a larger init, so that its
+    next-token distributions are peaked and the hybrid and full attention disagree measurably."""
+    config = copy.deepcopy(tiny_random()[0].config)
+    config.initializer_range = 0.25
+    config.max_position_embeddings = 4096
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 

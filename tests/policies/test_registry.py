@@ -1,5 +1,3 @@
-import sys
-import textwrap
 from dataclasses import dataclass
 
 import pytest
@@ -44,24 +42,15 @@ def test_register_rejects_duplicates_and_non_policies():
         policies.register("broken", object)
 
 
-def test_entry_point_route(tmp_path, monkeypatch):
+def test_entry_point_route(installed_plugin):
     # A fake installed distribution that publishes a policy through the entry-point group.
-    pkg = tmp_path / "thirdparty_policy.py"
-    pkg.write_text(
-        textwrap.dedent(
-            """
+    source = """
         class KeyMean:
             needs_attention = False
             def score(self, candidates, ctx):
                 return candidates.k.float().mean(dim=-1)
         """
-        )
-    )
-    dist = tmp_path / "thirdparty_policy-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-policy\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[lola.policies]\nkey_mean = thirdparty_policy:KeyMean\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    installed_plugin("thirdparty_policy", source, "lola.policies", "key_mean", "KeyMean")
     try:
         policies.reload_entry_points()
         assert "key_mean" in policies.available()
@@ -71,4 +60,3 @@ def test_entry_point_route(tmp_path, monkeypatch):
         assert torch.isfinite(o).all()
     finally:
         policies.unregister("key_mean")
-        sys.modules.pop("thirdparty_policy", None)

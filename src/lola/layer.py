@@ -21,6 +21,7 @@ from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
+from lola.thread_stack import pushed
 
 __all__ = ["LoLAAttention", "ObservedCall", "compose", "memory_from_config", "observe_calls", "observe_linear_share"]
 
@@ -82,14 +83,8 @@ def observe_calls(callback: Callable[[ObservedCall], None]) -> Iterator[None]:
     call in this thread. While a callback is active, decode tokens take the unfused path (same
     outputs, tested) so their partials can be read. A diagnostic: it costs a pass over the
     partials per layer."""
-    stack = getattr(_observers, "stack", None)
-    if stack is None:
-        stack = _observers.stack = []
-    stack.append(callback)
-    try:
+    with pushed(_observers, "stack", callback):
         yield
-    finally:
-        stack.remove(callback)
 
 
 @contextlib.contextmanager

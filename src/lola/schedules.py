@@ -99,19 +99,10 @@ def register(name: str, factory: ScheduleFactory | None = None, *, overwrite: bo
     return _SCHEDULES.register(name, factory, overwrite=overwrite)
 
 
-def unregister(name: str) -> None:
-    """Remove a registration (mostly for tests)."""
-    _SCHEDULES.unregister(name)
-
-
-def reload_entry_points() -> None:
-    """Look at the ``lola.schedules`` entry points again (after installing a plug-in at run time)."""
-    _SCHEDULES.reload_entry_points()
-
-
-def available() -> list[str]:
-    """Sorted names of every registered schedule, entry points included."""
-    return _SCHEDULES.available()
+# The shared Registry's own methods (documented there): one definition for policies and schedules.
+unregister = _SCHEDULES.unregister
+reload_entry_points = _SCHEDULES.reload_entry_points
+available = _SCHEDULES.available
 
 
 def build(name: str, chunk: int, **kwargs: Any) -> UpdateSchedule:

@@ -160,15 +160,31 @@ def read_json(path: Path, what: str) -> Any:
     """
     check_regular_file(path, what)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
+        text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not {what}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    lead = f"{path} is not {what}:"
+    return _parse_json(text, invalid=f"{lead} invalid JSON, truncated or garbled", too_deep=f"{lead} it nests too deeply", twice=lead)
+
+
+def _parse_json(text: str, *, invalid: str, too_deep: str, twice: str) -> Any:
+    """``json.loads(text)`` refusing a key given twice (json would keep the last silently); each
+    way it fails is a ``ValueError`` with the caller's words, so that every reader names its file.
+
+    Args:
+        text: the JSON.
+        invalid: the message for text that is not JSON; the parser's reason and place follow.
+        too_deep: the message for JSON nested deeper than Python's recursion limit.
+        twice: what comes before the message naming the key given twice.
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not {what}: invalid JSON, truncated or garbled ({err.msg} at line {err.lineno} column {err.colno})") from None
+        raise ValueError(f"{invalid} ({err.msg} at line {err.lineno} column {err.colno})") from None
     except ValueError as err:  # a key given twice
-        raise ValueError(f"{path} is not {what}: {err}") from None
+        raise ValueError(f"{twice} {err}") from None
     except RecursionError:
-        raise ValueError(f"{path} is not {what}: it nests too deeply") from None
+        raise ValueError(too_deep) from None
 
 
 def read_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
@@ -204,14 +220,9 @@ def read_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
             where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
             raise ValueError(f"{what} {path} is not valid YAML ({getattr(err, 'problem', None) or type(err).__name__}{where})") from None
     else:
-        try:
-            data = json.loads(text, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{what} {path} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-        except ValueError as err:  # a key given twice
-            raise ValueError(f"{what} {path}: {err}") from None
-        except RecursionError:
-            raise ValueError(f"{what} {path} nests too deeply to be a file of options") from None
+        data = _parse_json(
+            text, invalid=f"{what} {path} is not valid JSON", too_deep=f"{what} {path} nests too deeply to be a file of options", twice=f"{what} {path}:"
+        )
     if not isinstance(data, dict):
         raise ValueError(f"{what} {path} must hold a mapping of options, got {type(data).__name__}")
     bad = [k for k in data if not isinstance(k, str)]

@@ -27,6 +27,8 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from lola.thread_stack import pushed
+
 from .utils import is_interpreting
 
 ENV_VAR = "LOLA_KERNELS"
@@ -59,14 +61,8 @@ def _env_backend(raw: str) -> str:
 def use_backend(name: str) -> Iterator[None]:
     """Override ``LOLA_KERNELS`` for the current thread inside a ``with`` block."""
     value = _validate(name, f"use_backend() (like {ENV_VAR})")
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    stack.append(value)
-    try:
+    with pushed(_local, "stack", value):
         yield
-    finally:
-        stack.pop()
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,15 +135,8 @@ def record_calls() -> Iterator[collections.Counter]:
     ops run. Blocks nest (each counts what ran inside it). Useful to see which kernels a model
     really runs, and in tests that the engine does not bypass them.
     """
-    counter: collections.Counter = collections.Counter()
-    recorders = getattr(_local, "recorders", None)
-    if recorders is None:
-        recorders = _local.recorders = []
-    recorders.append(counter)
-    try:
+    with pushed(_local, "recorders", collections.Counter()) as counter:
         yield counter
-    finally:
-        recorders.remove(counter)
 
 
 _MODULES: dict[tuple[str, str], object] = {}

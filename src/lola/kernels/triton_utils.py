@@ -42,6 +42,30 @@ def dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def cache_tile_scores(b_q, k, v, k_pos, row, i_n, N, scale, o_d, m_d, D: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr):
+    """Read one tile of keys of a k/v head's cache and score the query rows against it.
+
+    Args:
+        b_q: ``[R, BD]`` query rows (``BD >= D``, zero past ``D``).
+        k, v: ``[rows, N, D]`` contiguous keys and values, a row per (batch, k/v head);
+            k_pos: ``[rows, N]`` int64 positions, ``-1`` = empty slot.
+        row: the (int64) row read; i_n: the tile's first key.
+        o_d, m_d: ``[BD]`` offsets over ``D`` and their mask.
+
+    Returns:
+        ``(b_s [R, BN] scaled scores q·k, unmasked; b_v [BN, BD]; b_kpos [BN], -1 past N)``:
+        the caller hides the keys its queries may not see before :func:`online_softmax_tile`.
+    """
+    o_n = i_n + tl.arange(0, BN)
+    m_n = o_n < N
+    b_kt = tl.load(k + (row * N + o_n[None, :]) * D + o_d[:, None], mask=m_d[:, None] & m_n[None, :], other=0.0)
+    b_v = tl.load(v + (row * N + o_n[:, None]) * D + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+    b_kpos = tl.load(k_pos + row * N + o_n, mask=m_n, other=-1)
+    b_s = dot(b_q, b_kt, PRECISION) * scale
+    return b_s, b_v, b_kpos
+
+
+@triton.jit
 def online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION: tl.constexpr):
     """Fold one tile of keys into a running softmax (flash attention's online max).
 

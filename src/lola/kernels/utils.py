@@ -107,6 +107,27 @@ def check_grouped_heads(c: ShapeChecker) -> None:
         raise ValueError(f"q heads H={c['H']} must be a multiple of k/v heads Hs={c['Hs']}")
 
 
+def check_query_and_cache(q: torch.Tensor, q_dims: str, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor) -> ShapeChecker:
+    """Queries reading a grouped key/value cache: ``q`` float of shape ``q_dims`` (``"B H D"`` or
+    ``"B H L D"``), ``k, v [B, Hs, N, D]`` float, ``k_pos [B, Hs, N]`` integer positions, and
+    ``H`` a whole multiple of ``Hs`` (:func:`check_grouped_heads`).
+
+    Returns:
+        the :class:`ShapeChecker` with ``B``, ``H``, ``Hs``, ``N``, ``D`` (and ``L``) bound, for
+        the op's other inputs.
+    """
+    c = ShapeChecker()
+    c.check("q", q, q_dims)
+    c.check("k", k, "B Hs N D")
+    c.check("v", v, "B Hs N D")
+    c.check("k_pos", k_pos, "B Hs N")
+    check_grouped_heads(c)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(name, t)
+    check_integer("k_pos", k_pos)
+    return c
+
+
 def check_linear_state(c: ShapeChecker, H: torch.Tensor, s: torch.Tensor) -> None:
     """A linear-attention state: ``H [B, H, F, D]`` and ``s [B, H, F]``, both fp32, with the
     dimensions already bound in ``c`` (``B``, ``H``, ``F``, ``D``) agreeing."""

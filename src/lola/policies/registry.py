@@ -65,29 +65,11 @@ def register(name: str, factory: PolicyFactory | None = None, *, overwrite: bool
     return _POLICIES.register(name, factory, overwrite=overwrite)
 
 
-def unregister(name: str) -> None:
-    """Remove a registration (mostly for tests)."""
-    _POLICIES.unregister(name)
-
-
-def reload_entry_points() -> None:
-    """Look at the ``lola.policies`` entry points again (after installing a plug-in at run time)."""
-    _POLICIES.reload_entry_points()
-
-
-def available() -> list[str]:
-    """Sorted names of every registered policy, entry points included."""
-    return _POLICIES.available()
-
-
-def get(name: str) -> PolicyFactory:
-    """The factory registered under ``name``.
-
-    Raises:
-        KeyError: naming the valid policies.
-        TypeError: ``name`` is not a string.
-    """
-    return _POLICIES.get(name)
+# The shared Registry's own methods (documented there): one definition for policies and schedules.
+unregister = _POLICIES.unregister
+reload_entry_points = _POLICIES.reload_entry_points
+available = _POLICIES.available
+get = _POLICIES.get
 
 
 @functools.lru_cache(maxsize=None)

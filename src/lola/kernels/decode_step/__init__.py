@@ -9,21 +9,14 @@ import torch
 from lola.core.mixing import MIXING_RULES, check_mixing, mix_partials
 
 from ..dispatch import implementation
-from ..utils import ShapeChecker, check_float, check_grouped_heads, check_integer, check_linear_state, check_same_device
+from ..utils import check_float, check_linear_state, check_query_and_cache, check_same_device
 
 
 def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
     check_mixing(mixing)
-    c = ShapeChecker()
-    c.check("q", q, "B H D")
-    c.check("k", k, "B Hs N D")
-    c.check("v", v, "B Hs N D")
-    c.check("k_pos", k_pos, "B Hs N")
+    c = check_query_and_cache(q, "B H D", k, v, k_pos)
     c.check("gate", gate, "H")
-    check_grouped_heads(c)
-    for name, t in (("q", q), ("k", k), ("v", v), ("gate", gate)):
-        check_float(name, t)
-    check_integer("k_pos", k_pos)
+    check_float("gate", gate)
     tensors = [("q", q), ("k", k), ("v", v), ("k_pos", k_pos), ("gate", gate)]
     linear = (("fq", fq), ("H", H), ("s", s))
     if mixing == "softmax_only" and all(t is None for _, t in linear):

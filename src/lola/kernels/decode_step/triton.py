@@ -17,7 +17,7 @@ import triton.language as tl
 
 from lola.core.mixing import check_mixing
 
-from ..triton_utils import autotune_configs, device_guard, dot, online_softmax_tile
+from ..triton_utils import autotune_configs, cache_tile_scores, device_guard, online_softmax_tile
 from ..utils import block_size, common_float_dtype, dot_precision
 
 
@@ -71,12 +71,7 @@ def decode_step_fwd_kernel(
     b_l = tl.zeros([BG], dtype=tl.float32)
     b_acc = tl.zeros([BG, BD], dtype=tl.float32)
     for i_n in range(0, N, BN):
-        o_n = i_n + tl.arange(0, BN)
-        m_n = o_n < N
-        b_kt = tl.load(k + (i_bkv64 * N + o_n[None, :]) * D + o_d[:, None], mask=m_d[:, None] & m_n[None, :], other=0.0)
-        b_v = tl.load(v + (i_bkv64 * N + o_n[:, None]) * D + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
-        b_kpos = tl.load(k_pos + i_bkv64 * N + o_n, mask=m_n, other=-1)
-        b_s = dot(b_q, b_kt, PRECISION) * scale
+        b_s, b_v, b_kpos = cache_tile_scores(b_q, k, v, k_pos, i_bkv64, i_n, N, scale, o_d, m_d, D, BN, PRECISION)
         b_s = tl.where((b_kpos >= 0)[None, :], b_s, float("-inf"))
         b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)
 

@@ -7,21 +7,13 @@ from typing import Tuple
 import torch
 
 from ..dispatch import implementation
-from ..utils import ShapeChecker, check_float, check_grouped_heads, check_integer, check_same_device
+from ..utils import check_integer, check_query_and_cache, check_same_device
 
 
 def check_inputs(q, k, v, q_pos, k_pos) -> None:
-    c = ShapeChecker()
-    c.check("q", q, "B H L D")
-    c.check("k", k, "B Hs N D")
-    c.check("v", v, "B Hs N D")
+    c = check_query_and_cache(q, "B H L D", k, v, k_pos)
     c.check("q_pos", q_pos, "B L")
-    c.check("k_pos", k_pos, "B Hs N")
-    check_grouped_heads(c)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_float(name, t)
     check_integer("q_pos", q_pos)
-    check_integer("k_pos", k_pos)
     check_same_device([("q", q), ("k", k), ("v", v), ("q_pos", q_pos), ("k_pos", k_pos)])
 
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import device_guard, dot, online_softmax_tile
+from ..triton_utils import cache_tile_scores, device_guard, online_softmax_tile
 from ..utils import block_size, common_float_dtype, dot_precision
 
 
@@ -54,13 +54,7 @@ def softmax_partial_fwd_kernel(
     b_l = tl.zeros([BL], dtype=tl.float32)
     b_acc = tl.zeros([BL, BD], dtype=tl.float32)
     for i_n in range(0, N, BN):
-        o_n = i_n + tl.arange(0, BN)
-        m_n = o_n < N
-        b_kt = tl.load(k + (i_bkv * N + o_n[None, :]) * D + o_d[:, None], mask=m_d[:, None] & m_n[None, :], other=0.0)
-        b_v = tl.load(v + (i_bkv * N + o_n[:, None]) * D + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
-        b_kpos = tl.load(k_pos + i_bkv * N + o_n, mask=m_n, other=-1)
-
-        b_s = dot(b_q, b_kt, PRECISION) * scale
+        b_s, b_v, b_kpos = cache_tile_scores(b_q, k, v, k_pos, i_bkv, i_n, N, scale, o_d, m_d, D, BN, PRECISION)
         visible = (b_kpos[None, :] >= 0) & (b_kpos[None, :] <= b_qpos[:, None])
         b_s = tl.where(visible, b_s, float("-inf"))
         b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)

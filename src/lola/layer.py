@@ -21,7 +21,7 @@ from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
-from lola.thread_stack import pushed
+from lola.core.thread_stack import pushed
 
 __all__ = ["LoLAAttention", "ObservedCall", "compose", "memory_from_config", "observe_calls", "observe_linear_share"]
 

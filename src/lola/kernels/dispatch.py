@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from lola.thread_stack import pushed
+from lola.core.thread_stack import pushed
 
 from .utils import is_interpreting
 

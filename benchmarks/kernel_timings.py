@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import DTYPES, PEAK_GBPS, add_timing_args, apply_threads, fla_chunk_linear_attn, peak_gbps  # noqa: E402, F401
 
 import lola.kernels  # noqa: E402
+from lola.kernels.dispatch import PACKAGE_OF_OP  # noqa: E402
 
 OPS = ("chunk_linear_attention", "softmax_partial", "self_recall_error", "decode_step")
 
@@ -47,7 +48,7 @@ class Case:
 
 
 def _impl(op: str, name: str) -> Callable:
-    return getattr(importlib.import_module(f"lola.kernels.{op}.{name}"), op)
+    return getattr(importlib.import_module(f"lola.kernels.{PACKAGE_OF_OP[op]}.{name}"), op)
 
 
 # ------------------------------------------------------------------------------ cases

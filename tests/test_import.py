@@ -87,3 +87,17 @@ def test_moved_modules_import_by_their_old_names_with_a_warning(old, new):
     with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)
+
+
+@pytest.mark.parametrize("old, new", sorted(__import__("lola._moved", fromlist=["RENAMED_KERNEL_PACKAGES"]).RENAMED_KERNEL_PACKAGES.items()))
+def test_renamed_kernel_packages_name_their_new_place_and_keep_the_function(old, new):
+    import importlib
+
+    import lola.kernels
+
+    function = getattr(lola.kernels, old.rsplit(".", 1)[1])
+    for module in (old, f"{old}.reference"):
+        with pytest.raises(ModuleNotFoundError, match=f"is now {new}"):
+            importlib.import_module(module)
+    assert getattr(lola.kernels, old.rsplit(".", 1)[1]) is function and callable(function)
+    assert importlib.import_module(f"{new}.reference").__name__ == f"{new}.reference"

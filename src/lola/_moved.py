@@ -29,6 +29,16 @@ MOVED = {
 }
 """Old module name → the module it is now."""
 
+RENAMED_KERNEL_PACKAGES = {
+    "lola.kernels.chunk_linear_attention": "lola.kernels.linear_attention",
+    "lola.kernels.softmax_partial": "lola.kernels.exact_attention",
+    "lola.kernels.self_recall_error": "lola.kernels.recall_error",
+    "lola.kernels.decode_step": "lola.kernels.decoding",
+}
+"""Kernel packages renamed: the old name is the op's *function* (``lola.kernels.softmax_partial``),
+so it cannot alias a module too (an import would replace the function); importing a module under
+it is refused with the new name."""
+
 
 class _Alias(importlib.abc.Loader):
     def __init__(self, target: str) -> None:
@@ -45,6 +55,10 @@ class MovedModules(importlib.abc.MetaPathFinder):
     """Finds an old name of :data:`MOVED` as its new module, with a deprecation warning."""
 
     def find_spec(self, fullname, path=None, target=None):
+        old = next((p for p in RENAMED_KERNEL_PACKAGES if fullname == p or fullname.startswith(p + ".")), None)
+        if old is not None:
+            new_name = RENAMED_KERNEL_PACKAGES[old] + fullname[len(old) :]
+            raise ModuleNotFoundError(f"{fullname} is now {new_name} ({old} is the op's function)", name=fullname)
         new = MOVED.get(fullname)
         if new is None:
             return None

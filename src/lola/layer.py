@@ -16,12 +16,12 @@ from lola.config import LoLAConfig
 from lola.core.checks import require
 from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix, mixing_weights
 from lola.core.partials import LinearPartial, SoftmaxPartial
+from lola.core.thread_stack import pushed
 from lola.engine.composer import LoLAMemory, StateLayout
 from lola.feature_maps import FeatureMap, build_feature_map
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
-from lola.core.thread_stack import pushed
 
 __all__ = ["LoLAAttention", "ObservedCall", "compose", "memory_from_config", "observe_calls", "observe_linear_share"]
 

@@ -28,10 +28,10 @@ from triton.compiler import ASTSource  # noqa: E402
 
 def cases():
     """(name, autotuned-or-jit kernel, arg types, constexprs, default options) per case."""
-    from lola.kernels.chunk_linear_attention import triton as cla
-    from lola.kernels.decode_step import triton as dec
-    from lola.kernels.self_recall_error import triton as sre
-    from lola.kernels.softmax_partial import triton as sp
+    from lola.kernels.decoding import triton as dec
+    from lola.kernels.exact_attention import triton as sp
+    from lola.kernels.linear_attention import triton as cla
+    from lola.kernels.recall_error import triton as sre
     from lola.kernels.utils import dot_precision
 
     for dt in ("bf16", "fp32"):

@@ -5,6 +5,8 @@ from collections.abc import Sequence
 
 import torch
 
+from lola.kernels.dispatch import PACKAGE_OF_OP
+
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -38,8 +40,8 @@ def tolerance(dtype: torch.dtype) -> float:
 
 def triton_impl(op: str):
     """The Triton implementation of ``op`` (import deferred until triton is known importable)."""
-    return getattr(importlib.import_module(f"lola.kernels.{op}.triton"), op)
+    return getattr(importlib.import_module(f"lola.kernels.{PACKAGE_OF_OP[op]}.triton"), op)
 
 
 def reference_module(op: str):
-    return importlib.import_module(f"lola.kernels.{op}.reference")
+    return importlib.import_module(f"lola.kernels.{PACKAGE_OF_OP[op]}.reference")

@@ -8,7 +8,7 @@ import torch
 
 import lola.kernels as K
 from lola.kernels import dispatch
-from lola.kernels.softmax_partial import reference as sp_ref
+from lola.kernels.exact_attention import reference as sp_ref
 
 
 @pytest.fixture(autouse=True)

@@ -1,27 +1,25 @@
 """LoLA kernel layer: four fused ops, each with a pure-PyTorch reference.
 
-Ops (shapes in each docstring):
+Ops (shapes in each docstring), each in a package named for what it computes:
 
-- :func:`chunk_linear_attention` causal linear-attention numerator/denominator (prefill)
-- :func:`softmax_partial`        exact-attention partials over a sparse cache
-- :func:`self_recall_error`      how badly a linear state recalls each token
-- :func:`decode_step`            one decode token: exact + linear part, mixed
+- :func:`chunk_linear_attention` (``linear_attention/``): causal linear-attention numerator and
+  denominator (prefill)
+- :func:`softmax_partial` (``exact_attention/``): exact-attention partials over cached slots
+- :func:`self_recall_error` (``recall_error/``): how badly a linear state recalls each token
+- :func:`decode_step` (``decoding/``): one decode token: exact + linear part, mixed
 
-Each op lives in ``lola.kernels.<op>/`` with ``reference.py`` (the definition, also the
-CPU path) and ``triton.py`` (the fused kernels). Which one runs is decided per call
+Each package holds ``reference.py`` (the definition, also the CPU path) and ``triton.py``
+(the fused kernels). Which one runs is decided per call
 (:mod:`lola.kernels.dispatch`): env var ``LOLA_KERNELS=auto|triton|reference`` or the
 :func:`use_backend` context manager. :func:`backend` tells which one would run;
 :func:`record_calls` counts the ops that did.
-
-Note: the attribute ``lola.kernels.<op>`` is the *function*; import the modules with
-``from lola.kernels.<op> import reference`` (not ``import lola.kernels.<op>.reference as``).
 """
 
-from .chunk_linear_attention import chunk_linear_attention
-from .decode_step import MIXING_RULES, decode_step, mix_partials
+from .decoding import MIXING_RULES, decode_step, mix_partials
 from .dispatch import BACKENDS, ENV_VAR, backend, record_calls, requested_backend, triton_available, use_backend
-from .self_recall_error import self_recall_error
-from .softmax_partial import softmax_partial
+from .exact_attention import softmax_partial
+from .linear_attention import chunk_linear_attention
+from .recall_error import self_recall_error
 
 __all__ = [
     "chunk_linear_attention",

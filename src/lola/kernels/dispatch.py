@@ -141,16 +141,24 @@ def record_calls() -> Iterator[collections.Counter]:
 
 _MODULES: dict[tuple[str, str], object] = {}
 
+PACKAGE_OF_OP = {
+    "chunk_linear_attention": "linear_attention",
+    "softmax_partial": "exact_attention",
+    "self_recall_error": "recall_error",
+    "decode_step": "decoding",
+}
+"""Each op's package: ``reference.py`` and ``triton.py`` there define a function named after the op."""
+
 
 def implementation(op: str, *tensors) -> Callable:
-    """The function implementing ``op`` (a subpackage name) for these inputs."""
+    """The function implementing ``op`` (a key of :data:`PACKAGE_OF_OP`) for these inputs."""
     name = backend(*tensors)
     for counter in getattr(_local, "recorders", ()):
         counter[(op, name)] += 1
     module = _MODULES.get((op, name))
     if module is None:  # first use: import (per call, the lookup would cost more than a small op)
         try:
-            module = _MODULES[(op, name)] = importlib.import_module(f"{__package__}.{op}.{name}")
+            module = _MODULES[(op, name)] = importlib.import_module(f"{__package__}.{PACKAGE_OF_OP[op]}.{name}")
         except ImportError as e:  # e.g. the jit decorator failing to set up the interpreter
             raise RuntimeError(f"cannot load the {name} implementation of {op}: {e}") from e
     return getattr(module, op)

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial
-from lola.kernels.softmax_partial.reference import masked_logits, partials_from_logits
+from lola.kernels.exact_attention.reference import masked_logits, partials_from_logits
 from lola.memory.blocks import EMPTY, KVBlock, QueryBlock
 from lola.memory.slots import SlotBuffer
 
@@ -202,7 +202,7 @@ def exact_logits(query: QueryBlock, block: KVBlock) -> torch.Tensor:
 
     Returns:
         ``[B, H, L, N]`` float32 ``scale · q·k``, ``-inf`` where the slot is empty, later than
-        the query, or the query is padding (:func:`lola.kernels.softmax_partial.reference.masked_logits`).
+        the query, or the query is padding (:func:`lola.kernels.exact_attention.reference.masked_logits`).
     """
     return masked_logits(query.q, block.k, query.pos, block.pos, query.scale)
 

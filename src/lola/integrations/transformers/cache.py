@@ -37,7 +37,7 @@ class LoLACacheLayer(CacheLayerMixin):
     # accelerator (and builds 4-D masks for it), while a LoLA layer decides on the host when its
     # schedule steps (counts kept on the host, no device read per token): compiled, each count
     # would be a guard and every token a recompilation. The decode step itself compiles
-    # (tests/kernels/test_decode_step.py); a compiled layer needs the schedule on the device first.
+    # (tests/kernels/test_decoding.py); a compiled layer needs the schedule on the device first.
     is_compileable = False
     is_croppable = False
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola.kernels as K
-from lola.kernels.decode_step import reference as ref
+from lola.kernels.decoding import reference as ref
 
 from .helpers import DTYPES, assert_close_rel, tolerance, triton_impl
 
@@ -197,7 +197,7 @@ def test_validation_messages():
 def test_the_reference_decode_step_compiles_as_one_graph_on_cpu():
     """torch.compile traces the decode step whole (no graph break: no host read, no Python
     branch on a tensor value), and the compiled step equals the eager one."""
-    from lola.kernels.decode_step.reference import decode_step
+    from lola.kernels.decoding.reference import decode_step
 
     B, H, Hs, N, D, F = 2, 4, 2, 24, 16, 32
     g = torch.Generator().manual_seed(0)

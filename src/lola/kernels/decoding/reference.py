@@ -14,7 +14,7 @@ import torch
 from lola.core.mixing import MIXING_RULES, check_mixing, linear_share_of, mix_partials, mixing_weights, safe_divide
 from lola.core.partials import read_linear_state
 
-from ..softmax_partial.reference import masked_logits, partials_from_logits
+from ..exact_attention.reference import masked_logits, partials_from_logits
 
 __all__ = ["MIXING_RULES", "check_mixing", "decode_step", "linear_share_of", "mix_partials", "mixing_weights", "safe_divide", "softmax_over_slots"]
 

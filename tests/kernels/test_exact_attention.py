@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola.kernels as K
-from lola.kernels.softmax_partial import reference as ref
+from lola.kernels.exact_attention import reference as ref
 
 from .helpers import DTYPES, assert_close_rel, assert_outputs_close, tolerance, triton_impl
 

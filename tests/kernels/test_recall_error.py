@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola.kernels as K
-from lola.kernels.self_recall_error import reference as ref
+from lola.kernels.recall_error import reference as ref
 
 from .helpers import DTYPES, assert_close_rel, tolerance, triton_impl
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola.kernels as K
-from lola.kernels.chunk_linear_attention import reference as ref
+from lola.kernels.linear_attention import reference as ref
 
 from .helpers import DTYPES, assert_outputs_close, tolerance, triton_impl
 

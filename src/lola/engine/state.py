@@ -19,13 +19,12 @@ from typing import Callable, Mapping
 import torch
 
 from lola.engine.row_counts import RowCounts
-from lola.engine.state_checks import StateLayout, check_state, layout_of
+from lola.engine.state_checks import StateLayout, check_row_index, check_state, layout_of
 from lola.memory.base import ExactStore, KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
 from lola.memory.slots import SlotBuffer
-from lola.memory.sparse import SparseCache
 from lola.policies.base import ScoringPolicy, keeps_tallies
 from lola.schedules import UpdateSchedule
 
@@ -316,27 +315,8 @@ class LayerState:
         """Keep rows ``index [B']`` (int64, repeats allowed) of every state tensor, in that order:
         beam reordering, dropping finished sequences, or growing a batch."""
         self._require_allocated()
-        index = self._check_index(index, self.batch_size, "index", repeats=True)
+        index = check_row_index(index, self.batch_size, "index", repeats=True, device=self.seen.device)
         self.load_state_dict({k: t.index_select(0, index) for k, t in self.state_dict().items()}, check=False)
-
-    def _check_index(self, index: object, rows: int, name: str, repeats: bool) -> torch.Tensor:
-        """``index`` as a 1-D int64 tensor of rows in ``[0, rows)`` on the state's device, else an
-        error naming ``name`` (:func:`lola.core.checks.require`: no wait on an accelerator)."""
-        if not isinstance(index, torch.Tensor):
-            raise TypeError(f"{name} must be a 1-D int64 tensor of rows, got a {type(index).__name__}")
-        if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
-            raise TypeError(f"{name} must be a tensor of int rows, got {index.dtype}")
-        if index.dim() != 1:
-            raise ValueError(f"{name} must be a 1-D tensor of rows, got shape {tuple(index.shape)}")
-        from lola.core.checks import require
-
-        index = index.to(device=self.seen.device, dtype=torch.long)
-        # (beam search reorders every layer at every step: on an accelerator this is an asynchronous assert)
-        if index.numel() and not require((index.amin() >= 0) & (index.amax() < rows), f"{name} must hold rows in [0, {rows})"):
-            raise ValueError(f"{name} must hold rows in [0, {rows}) (the state's batch), got {index.tolist()[:8]}")
-        if not repeats and index.unique().numel() != index.numel():
-            raise ValueError(f"{name} must name each row once (two rows written to one would overwrite each other), got {index.tolist()[:8]}")
-        return index
 
     def write_rows(self, index: torch.Tensor, other: LayerState) -> None:
         """Copy every row of ``other`` into rows ``index [B_other]`` of this state.
@@ -355,7 +335,7 @@ class LayerState:
         ours = self.state_dict()
         if theirs.keys() != ours.keys() or other.spec() != self.spec():
             raise ValueError(f"other was built for another configuration: {other.spec()} vs {self.spec()}")
-        index = self._check_index(index, self.batch_size, "index", repeats=False)
+        index = check_row_index(index, self.batch_size, "index", repeats=False, device=self.seen.device)
         if index.shape != (other.batch_size,):
             raise ValueError(f"index must give one row per row of other ({other.batch_size}), got shape {tuple(index.shape)}")
         self.load_state_dict({k: t.index_copy(0, index, theirs[k].to(t.device)) for k, t in ours.items()}, check=False)
@@ -409,8 +389,8 @@ class LayerState:
             k = state.get(f"{m.name}.k")
             if not _binds(m) or not isinstance(k, torch.Tensor) or k.dim() != 4:
                 continue
-            ragged = isinstance(m, SparseCache) and m.head_sizes is not None
-            heads = len(m.head_sizes) if ragged else k.shape[1]
+            head_sizes = getattr(m, "head_sizes", None)  # a ragged saved state: one run of every head's slots
+            heads = len(head_sizes) if head_sizes is not None else k.shape[1]
             track = any(key.endswith(".acc") for key in state)
             self.slots.allocate(state["seen"].shape[0], heads, k.shape[3], k.dtype, k.device, track)
             return

@@ -16,7 +16,7 @@ import torch
 from lola.memory.linear_state import LinearState
 from lola.memory.window import SlidingWindow
 
-__all__ = ["CheckedState", "StateLayout", "check_state", "layout_of"]
+__all__ = ["CheckedState", "StateLayout", "check_row_index", "check_state", "layout_of"]
 
 
 @dataclass(frozen=True)
@@ -218,3 +218,24 @@ def _check_window(state: dict[str, torch.Tensor], seen: torch.Tensor, memory: Ch
             f"state[{key!r}] row {row} storage head {head} holds {span}, but a sliding window holds its row's newest tokens: "
             f"at least {int(least[row, head])} consecutive positions ending at seen - 1 = {int(seen[row]) - 1}"
         )
+
+
+def check_row_index(index: object, rows: int, name: str, repeats: bool, device: torch.device) -> torch.Tensor:
+    """``index`` as a 1-D int64 tensor of rows in ``[0, rows)`` on ``device``, else an error
+    naming ``name`` (:func:`lola.core.checks.require`: no wait on an accelerator); with
+    ``repeats=False`` each row at most once (rows written to)."""
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"{name} must be a 1-D int64 tensor of rows, got a {type(index).__name__}")
+    if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+        raise TypeError(f"{name} must be a tensor of int rows, got {index.dtype}")
+    if index.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor of rows, got shape {tuple(index.shape)}")
+    from lola.core.checks import require
+
+    index = index.to(device=device, dtype=torch.long)
+    # (beam search reorders every layer at every step: on an accelerator this is an asynchronous assert)
+    if index.numel() and not require((index.amin() >= 0) & (index.amax() < rows), f"{name} must hold rows in [0, {rows})"):
+        raise ValueError(f"{name} must hold rows in [0, {rows}) (the state's batch), got {index.tolist()[:8]}")
+    if not repeats and index.unique().numel() != index.numel():
+        raise ValueError(f"{name} must name each row once (two rows written to one would overwrite each other), got {index.tolist()[:8]}")
+    return index

@@ -61,7 +61,8 @@ class LoLAConfig(BaseModel):
             linear state only informs the scoring policy, which keeps an untrained model's text
             intact), ``"lola_authors"`` (the LoLA authors' rule) or ``"lolcats"`` (what
             LoLCATs checkpoints were trained with). With untrained feature maps the two rules
-            that add the linear state change the model's output (measured: loops on prose);
+            that add the linear state change the model's output (it loops on prose: docs/results.md,
+            "Pass-key retrieval, training-free");
             :func:`~lola.integrations.transformers.apply_lola` with trained maps uses the rule
             they were trained with unless one is set here (see :mod:`lola.core.mixing`).
         affine: with ``lolcats`` mixing, weight the linear term by ``1 − w`` instead of ``1``.
@@ -73,7 +74,8 @@ class LoLAConfig(BaseModel):
             (``None``: no cap; :func:`lola.core.mix`); decode tokens then take the unfused path.
         linear_share_cap_from: the cap applies to queries at positions ``>=`` this (``0``:
             every query). Trained feature maps read positions they were not trained at
-            differently (their kernel grows with absolute position, docs/results.md): set it
+            differently (their kernel grows with absolute position: docs/results.md, "The cap from
+            the trained length: the shipped default"): set it
             to the length the maps were trained at to leave every read inside it untouched.
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).

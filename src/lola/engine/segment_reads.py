@@ -42,7 +42,8 @@ while still folding tens of blocks into one launch."""
 READ_BYTES_CPU = 0
 """The same on a CPU: each group is read as it comes. Batching buys nothing there (no launch
 to save) and its larger intermediates fall out of the caches: one batched read of a 1,024-token
-prefill's 16 groups took longer than 16 reads of one group (``benchmarks/layer.py`` shapes)."""
+prefill's 16 groups took longer than 16 reads of one group (``benchmarks/layer.py`` shapes;
+docs/performance.md, "The engine's second step (2026-12-02)")."""
 
 
 @dataclass

@@ -55,7 +55,7 @@ tokens and a window of the rest; ``window`` and ``hybrid`` keep 4 sinks and a wi
 
 MAX_LENGTH = 2**14
 """Longest trial: the ``full`` method scores every pair of tokens at once, ``length²`` floats
-(peak 1.8 GiB at 8192 tokens and 6.3 GiB at 16384, measured on the CPU), far below
+(its peak memory grows with the square of the length: docs/results.md, "The demo"), far below
 :data:`lola.limits.MAX_TOKENS`, which bounds one memory rather than a quadratic score matrix."""
 MAX_TRIALS = 1_000_000
 """Most needle depths (time grows with them; a bound catches a typo such as ``10**12``)."""

@@ -61,13 +61,13 @@ class NiahRun(BaseModel):
         "empty when only `variants` run",
     )
     window: Tokens = Field(60, description="window of the lola method")
-    # 4 + 60 + 192 = 256 exact tokens: S-NIAH-1 at 2K went from 1/20 with a 64-token sparse
-    # cache to 14/20 with 192 (`lola niah --methods lola --lengths 2048 --samples 20 --sparse-size S`).
+    # 4 + 60 + 192 = 256 exact tokens: at 2K a 192-token sparse cache kept far more needles than
+    # a 64-token one (docs/results.md, "Budget: how many sparse tokens").
     sparse_size: Tokens = Field(192, description="sparse cache of the lola method (per K/V head on average with budgets)")
     sinks: Tokens = Field(4, description="pinned first tokens")
     chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS, description="tokens between select-and-evict steps")
-    # Training-free (untrained identity Hedgehog map), softmax_only recalled best: 3/4 at 1K
-    # vs 0/4 with lola_authors (`lola niah --lengths 1024 --samples 4 --methods lola --mixing M`).
+    # Training-free (untrained identity Hedgehog map), softmax_only recalled more than
+    # lola_authors (docs/results.md, "Pass-key retrieval, training-free").
     # None: softmax_only, or with feature_maps lola.pretrained.resolve's default (lola_authors for LoLA, the
     # trained rule for the hybrid).
     mixing: Literal[MIXING_NAMES] | None = Field(
@@ -77,7 +77,7 @@ class NiahRun(BaseModel):
     linear_share_cap: LinearShareCapOption = None
     linear_share_cap_from: LinearShareCapFromOption = None
     # At 8K the learned scorer filled heads' sparse caches with copies of the haystack's repeated
-    # tokens; folding repeats answered 16 of 20 where it answered 13 (docs/results.md, "What the
+    # tokens; folding repeats answered more of the same prompts (docs/results.md, "What the
     # misses at 8K are"). Decided with the model and maps: on with trained maps, for the learned scorer.
     fold_repeats: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
         None,
@@ -85,7 +85,8 @@ class NiahRun(BaseModel):
         "candidate's is folded into the linear state (0: off; none: 0.95 with trained feature maps, else off)",
     )
     # One copy kept folded digits of prose needles into prose digits and a needle's own repeated
-    # digits (prose 2K: 6 of 8 tuning prompts against 8 of 8 unfolded); four copies kept both.
+    # digits, and lost prose needles the unfolded run kept; four copies kept both (docs/results.md,
+    # "Repeats on prose: keep four copies").
     fold_copies: StrictInt | None = Field(
         None, ge=1, le=MAX_TOKENS, description="with fold_repeats: higher-ranked near-copies that make a candidate a repeat (none: 4)"
     )
@@ -102,8 +103,8 @@ class NiahRun(BaseModel):
     needle: str | None = Field(None, description="needle template with {key} and {value} (with --question)")
     question: str | None = Field(None, description="question template with {key} (with --needle)")
     answer_prefix: str | None = Field(None, description="with a custom question: text that starts the answer, with {key}")
-    # Calibrated budgets won the tournament at the same bytes (prose 2K: 60% against 15% for
-    # uniform, 20 samples; docs/results.md). "auto": the model's shipped budgets, else uniform.
+    # Calibrated budgets won the tournament at the same bytes, most of all on prose
+    # (docs/results.md, "Tournament at the same bytes"). "auto": the model's shipped budgets, else uniform.
     budgets: str | None = Field(
         "auto",
         description="sparse budgets of the lola method: auto (the model's shipped calibrated budgets where they apply, else uniform), uniform, a shipped name or a `lola calibrate` file",
@@ -302,7 +303,8 @@ def shipped_maps_for(model: Any) -> str | None:
 
 
 FOLD_REPEATS = 0.95
-"""``fold_repeats`` of a run on shipped linearized maps (the threshold measured at 8K)."""
+"""``fold_repeats`` of a run on shipped linearized maps (the threshold chosen at 8K:
+docs/results.md, "What the misses at 8K are")."""
 FOLD_COPIES = 4
 """``fold_copies`` unless given: a candidate is a repeat once four higher-ranked candidates repeat
 its value, so a needle's repeated digits and the digits of a prose haystack stay exact while the
@@ -311,7 +313,7 @@ FOLDED_POLICIES = ("learned",)
 """Policies ``fold_repeats`` wraps: those whose score is a function of the token's own key and
 value, so every copy of a repeated token scores alike. SRE reads each candidate against the
 linear state, which already recalls a folded copy well (its error is low): folding repeats
-under it tied at 2K and 4K and lost at 8K (docs/results.md)."""
+under it tied at 2K and 4K and lost at 8K (docs/results.md, "What the misses at 8K are")."""
 
 
 def default_policy(model: Any, feature_maps: Any = None) -> str:

@@ -46,8 +46,8 @@ class PerplexityRun(BaseModel):
     feature_maps: str | None = Field(None, description="a `lola linearize` folder or shipped name; none: untrained maps")
     window: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = Field(64, description="sliding window of the hybrid and of lola")
     sparse_size: Tokens = Field(64, description="sparse cache of the lola method (per K/V head, the average with budgets)")
-    # LoLAConfig's default: the hybrid read 1.21x full attention's perplexity without sinks and
-    # 1.08x with 4 (shipped linearized SmolLM2, 12 windows of 1K; docs/results.md).
+    # LoLAConfig's default: sinks lowered the shipped linearized hybrid's perplexity more than any
+    # mixing rule (docs/results.md, "The paper's rule: LoLA on the shipped hybrid, measured to the end").
     sinks: Tokens = Field(4, description="pinned first tokens")
     chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = Field(64, description="tokens between select-and-evict steps")
     policy: str = Field("sre", description="scoring policy of the lola method")
@@ -57,7 +57,8 @@ class PerplexityRun(BaseModel):
     mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.pretrained.resolve's default, the same)"
     )
-    # Uniform by default: the perplexities in docs/results.md were measured with uniform sizes.
+    # Uniform by default: the perplexities in docs/results.md ("Perplexity at every length" and the
+    # sections before it) were measured with uniform sizes.
     budgets: str = Field(
         "uniform",
         description="per-head sparse budgets of the lola method: uniform, auto (the model's shipped budgets), a shipped name or a `lola calibrate` file",

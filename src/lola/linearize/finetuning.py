@@ -67,8 +67,9 @@ class FinetuneConfig(BaseModel):
         description="None: train the sliding-window hybrid (LoLCATs); a LoLA config: train through LoLA layers as they run with it at inference (sinks, window, sparse cache and its policy, schedule, mixing rule)",
     )
     from_lora: StrictBool = Field(False, description="start from the LoRA weights of the starting folder (a stage-2 folder) instead of new adapters")
-    # Through LoLA the autograd graph holds every chunk step of every layer: SmolLM2-135M at
-    # 2,048 tokens peaked at 20 GB on CPU (4,096 ran out of 24 GB).
+    # Through LoLA the autograd graph holds every chunk step of every layer, so memory grows with
+    # the length: SmolLM2-135M's peak on CPU, and the length that did not fit, are in docs/results.md,
+    # "The paper's rule: LoLA on the shipped hybrid, measured to the end".
     gradient_checkpointing: StrictBool = Field(
         False, description="recompute each decoder layer in the backward pass: one layer's activations in memory instead of all, for about a third more time"
     )

@@ -167,12 +167,12 @@ class Distinct(_Composite):
 
     A score that depends on a token's own key and value (the learned scorer, key norms) gives
     every copy of a repeated phrase the same score, so at length the copies of one
-    high-scoring token fill the whole sparse cache and push out a needle they outnumber
-    (measured: 750 of 1,205 exact tokens of one head were ``.`` at 8K on a repetitive
-    haystack). The first ``copies`` copies stay exact; the others are folded into the linear
-    state, which holds repeated directions well: that is what it is for. A needle of digits
-    repeats some of its own digits, and prose holds digits of its own, so more than one copy
-    may need to stay (``copies``).
+    high-scoring token fill the whole sparse cache and push out a needle they outnumber (at 8K
+    on a repetitive haystack most of one head's exact tokens were copies of ``.``:
+    docs/results.md, "What the misses at 8K are"). The first ``copies`` copies stay exact; the
+    others are folded into the linear state, which holds repeated directions well: that is
+    what it is for. A needle of digits repeats some of its own digits, and prose holds digits
+    of its own, so more than one copy may need to stay (``copies``).
 
     Args:
         policy: a registered policy name.
@@ -216,7 +216,7 @@ def repeats(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: tor
     similarities of each candidate with those before it are the strict lower triangle of one
     ``[N, N]`` product, and a row's largest entry (``copies`` 1) or its count of entries at the
     threshold tells whether it repeats (no ``[N, N]`` rank comparison: at 8K those took most
-    of a layer's step).
+    of a layer's step, docs/results.md, "What the misses at 8K are").
 
     Args:
         v: ``[B, Hs, N, D]`` values.
@@ -310,8 +310,9 @@ class ScoredAtExit(_ScoreKeeper):
     A score read off the linear state (self-recall error) changes as the state does: every
     step re-scores the cached tokens against a state that has folded more. When a token of
     a number is folded, the state recalls its near-copies (the number's other digits)
-    better, their error falls, and they follow it out a step at a time (measured at 8K:
-    SRE loses the whole needle in a third to a half of the heads that held it). Here the
+    better, their error falls, and they follow it out a step at a time (at 8K SRE loses the
+    whole needle head by head: docs/results.md, "Self-recall error at 8K: the needle
+    erodes"). Here the
     score a token gets at its exit is the one it keeps; the cache then holds the top-``λ`` of
     every token that has left the window, by those scores.
 

@@ -35,7 +35,7 @@ FORMAT = "lola-token-scorer/1"
 #: ``{name: sha256}`` of the scorer files shipped in this package (``<name>.safetensors``).
 SHIPPED: dict[str, str] = {
     # `lola fit-scorer --model smollm2-135m-instruct --target kvzip`: 32 chunks of 2,048 tokens of
-    # the book corpora (no pydoc), held-out Spearman 0.686, top-10% recall 0.473 (docs/results.md)
+    # the book corpora (no pydoc); its held-out fit is in docs/results.md, "A learned scorer"
     "smollm2-135m-instruct": "273503a3e46ef89dd13a3ad9e0b1fbeff38827b4060645d0001285d4617e55ee",
 }
 

@@ -6,8 +6,9 @@
 2. ``chunk_output_fwd_kernel``: one program per (D tile, chunk, batch*head), all in
    parallel: ``num = fq h + tril(fq fk^T) v``, ``den = fq s + rowsum(tril(fq fk^T))``.
 
-All states are fp32, including the per-chunk ones (fla keeps those in the input dtype;
-that would save ~25% of the traffic but rounds the whole history to 8 mantissa bits).
+All states are fp32, including the per-chunk ones (fla keeps those in the input dtype,
+which saves memory traffic but rounds the whole history to 8 mantissa bits; the saving is
+in docs/performance.md, "Triton kernels on an H200").
 For 16-bit inputs ``fq h`` and ``A v`` then run as tf32 tensor-core dots; fp32 inputs
 use tf32x3 dots (fp32 accuracy) everywhere.
 """

@@ -91,8 +91,9 @@ def _score(policy: object, candidates: KVBlock, ctx: ScoringContext) -> torch.Te
 
 
 def _compact(block: KVBlock) -> KVBlock:
-    """On a host device, ``block``'s tokens moved to the front of its slots, ``[B, Hs, E]`` with
-    ``E`` the most any (row, head) holds: a step evicts about as many tokens as left the window,
+    """On a host device, ``block``'s tokens in ``[B, Hs, E]`` slots, ``E`` the most any (row,
+    head) holds: moved to the front in slot order when ``E`` is below the width, the block as it
+    is when a (row, head) fills it. A step evicts about as many tokens as left the window,
     out of the window's and the whole cache's slots, so the features and the fold cost ``E``
     slots, not all of them. On an accelerator the block as it is (``E`` would be read back)."""
     valid = block.valid

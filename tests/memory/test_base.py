@@ -2,12 +2,13 @@
 
 
 def test_capabilities_are_declared_and_an_override_that_does_not_declare_loses_them():
-    """The engine asks a memory what it can do (`reads_block`, `binds`, `snapshots`, `ring`),
+    """The engine asks a memory what it can do (`reads_block`, `binds`, `snapshots`,
+    `sums_features`, `ring`),
     never its type: the stock memories declare it, a subclass that overrides what a capability
     rests on loses it unless it declares it again."""
     from lola.memory import LinearState, SlidingWindow, SparseCache
 
-    assert SparseCache.reads_block and SparseCache.binds and LinearState.snapshots and SlidingWindow.ring
+    assert SparseCache.reads_block and SparseCache.binds and LinearState.snapshots and LinearState.sums_features and SlidingWindow.ring
 
     class OwnRead(SparseCache):
         def read(self, query, keep_logits=False):
@@ -34,4 +35,4 @@ def test_capabilities_are_declared_and_an_override_that_does_not_declare_loses_t
     assert not OwnRead.reads_block and OwnRead.binds
     assert OwnReadDeclared.reads_block
     assert OwnStorage.reads_block and not OwnStorage.binds
-    assert not OwnWrite.snapshots and not OwnRing.ring and SlidingWindow(4, 2).ring
+    assert not OwnWrite.snapshots and not OwnWrite.sums_features and not OwnRing.ring and SlidingWindow(4, 2).ring

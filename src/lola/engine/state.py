@@ -20,7 +20,7 @@ import torch
 
 from lola.engine.row_counts import RowCounts
 from lola.engine.state_checks import StateLayout, check_row_index, check_state, layout_of
-from lola.memory.base import ExactStore, KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
+from lola.memory.base import KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics
 from lola.memory.sinks import SinkTokens
@@ -408,7 +408,7 @@ class LayerState:
 def _binds(memory: object) -> bool:
     """Whether ``memory`` keeps its slots in its composer's buffer (a stock store, or a subclass
     that reads and writes them only through ``block``)."""
-    return isinstance(memory, ExactStore) and memory.binds
+    return bool(getattr(memory, "binds", False))
 
 
 def _describe(part: object) -> str:

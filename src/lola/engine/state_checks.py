@@ -13,9 +13,6 @@ from typing import Protocol
 
 import torch
 
-from lola.memory.linear_state import LinearState
-from lola.memory.window import SlidingWindow
-
 __all__ = ["CheckedState", "StateLayout", "check_row_index", "check_state", "layout_of"]
 
 
@@ -164,7 +161,7 @@ def check_state(state: dict[str, torch.Tensor], memory: CheckedState | None = No
     sums = {} if scores_kept else {k: "attention weights" for k in state if k.endswith(".acc")}
     if memory is not None and memory.queries is not None:
         sums[f"{memory.queries.name}.n"] = "query weights"
-    if memory is not None and isinstance(memory.linear, LinearState) and memory.layout is not None and memory.layout.non_negative:
+    if memory is not None and getattr(memory.linear, "sums_features", False) and memory.layout is not None and memory.layout.non_negative:
         sums[f"{memory.linear.name}.s"] = "the features of a non-negative feature map"
     for key, what in sums.items():
         if key in state and bool((state[key] < 0).any()):
@@ -177,7 +174,7 @@ def check_state(state: dict[str, torch.Tensor], memory: CheckedState | None = No
             raise ValueError(f"state[{key!r}] must be [batch {seen.shape[0]}, heads, slots] torch.int64 integers, got {pos.dtype} {tuple(pos.shape)}")
         if bool((pos >= seen.view(-1, 1, 1)).any()):
             raise ValueError(f"state[{key!r}] holds a position at or beyond its row's 'seen' count")
-    if memory is not None and isinstance(memory.window, SlidingWindow):
+    if memory is not None and getattr(memory.window, "ring", False):  # the stock window's ring: the newest tokens
         _check_window(state, seen, memory)
     # Memories with the same storage heads are compared together (per-head sparse sizes may
     # store a memory per query head while the others store per K/V head).
@@ -193,7 +190,7 @@ def check_state(state: dict[str, torch.Tensor], memory: CheckedState | None = No
 
 
 def _check_window(state: dict[str, torch.Tensor], seen: torch.Tensor, memory: CheckedState) -> None:
-    """A :class:`~lola.memory.SlidingWindow` holds its row's newest tokens: per row and storage
+    """A window with the stock ring (``ring`` declared) holds its row's newest tokens: per row and storage
     head, ``n`` consecutive positions ending at ``seen - 1`` (none while the row fills its
     sinks), and at least ``min(size, seen - sinks)`` of them (a step keeps the newest ``size``)."""
     window = memory.window
@@ -206,7 +203,8 @@ def _check_window(state: dict[str, torch.Tensor], seen: torch.Tensor, memory: Ch
     newest = pos.amax(-1)
     oldest = torch.where(valid, pos, torch.iinfo(torch.int64).max).amin(-1)
     last = seen.view(-1, 1) - 1
-    sizes = window.head_sizes if window.head_sizes and len(window.head_sizes) == pos.shape[1] else [window.size] * pos.shape[1]
+    head_sizes = getattr(window, "head_sizes", None)
+    sizes = head_sizes if head_sizes and len(head_sizes) == pos.shape[1] else [window.size] * pos.shape[1]
     size = torch.tensor(sizes, dtype=torch.int64, device=pos.device).view(1, -1)
     least = torch.minimum(size, (seen.view(-1, 1) - memory.sinks.capacity).clamp_min(0))
     bad = ((n > 0) & ((newest != last) | (newest - oldest != n - 1))) | (n < least)

@@ -31,12 +31,16 @@ class LinearState:
     #: the next :meth:`write` replaces them instead of adding into them, so a read may be deferred
     #: past later writes (and a server's pages may hold them).
     snapshots = True
+    #: Declared capability: ``s`` is a (decayed) sum of the folded keys' features, so a state of a
+    #: non-negative feature map holds ``s >= 0`` (what a loaded state is checked against).
+    sums_features = True
 
     def __init_subclass__(cls, **kwargs) -> None:
-        # A subclass with a read, a write or a snapshot of its own keeps the capability only by
+        # A subclass with a read, a write or a snapshot of its own keeps a capability only by
         # declaring it again.
         super().__init_subclass__(**kwargs)
         drop_unless_declared(cls, "snapshots", ("read", "write", "snapshot"))
+        drop_unless_declared(cls, "sums_features", ("write",))
 
     def __init__(self, decay: float = 1.0) -> None:
         if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0.0 < decay <= 1.0:

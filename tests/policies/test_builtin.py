@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 import lola
@@ -42,6 +43,23 @@ def test_sre_matches_the_formula_and_averages_a_group():
         vhat = (fk @ ctx.linear.H[0, h]) / (fk @ ctx.linear.s[0, h] + 1e-6).unsqueeze(-1)
         errs.append((cand.v[0, 0] - vhat).norm(dim=-1))
     torch.testing.assert_close(out[0, 0], (errs[0] + errs[1]) / 2)
+
+
+@pytest.mark.parametrize("reduce", ["mean", "max"])
+def test_relative_sre_is_each_query_heads_error_over_the_value_norm(reduce):
+    ctx, W = ctx_for(h=2)
+    cand = block(hs=1)
+    per_head = []
+    for h in range(2):
+        fk = torch.einsum("nd,df->nf", cand.k[0, 0], W[h]).softmax(-1)
+        vhat = (fk @ ctx.linear.H[0, h]) / (fk @ ctx.linear.s[0, h] + 1e-6).unsqueeze(-1)
+        per_head.append((cand.v[0, 0] - vhat).norm(dim=-1) / (cand.v[0, 0].norm(dim=-1) + 1e-6))
+    want = (per_head[0] + per_head[1]) / 2 if reduce == "mean" else torch.maximum(per_head[0], per_head[1])
+    torch.testing.assert_close(SelfRecallError(relative=True, reduce=reduce).score(cand, ctx)[0, 0], want)
+    # an empty state loses every pair whole: relative error 1 for every token
+    ctx.linear.H.zero_()
+    ctx.linear.s.zero_()
+    torch.testing.assert_close(SelfRecallError(relative=True).score(cand, ctx), torch.ones(1, 1, 5), atol=1e-5, rtol=0)
 
 
 def test_sre_of_an_empty_state_is_the_value_norm():

@@ -21,13 +21,19 @@ class SelfRecallError:
     ``SRE(k, v) = ‖v − φ(k)ᵀH / (φ(k)ᵀs + eps)‖₂``, per query head, averaged over the query
     heads that share a storage head. High error = the state cannot hold the pair = keep exact.
 
+    With ``relative`` the error is measured against the value's own norm,
+    ``‖v − v̂‖ / ‖v‖``: the share of the pair the state loses, so a token with a large value
+    does not outrank one the state loses entirely.
+
     Args:
         eps: denominator guard (the authors use ``1e-6``).
         reduce: ``"mean"`` or ``"max"`` over the query heads of a storage head.
+        relative: divide each query head's error by ``‖v‖`` (``+ eps``).
     """
 
     eps: Annotated[float, Field(gt=0)] = 1e-6
     reduce: str = "mean"
+    relative: bool = False
     needs_attention = False
 
     def __post_init__(self) -> None:
@@ -37,7 +43,10 @@ class SelfRecallError:
         from lola.kernels import self_recall_error
 
         g = ctx.group(candidates)
-        err = self_recall_error(ctx.key_features(candidates), ctx.expand_heads(candidates.v, g).float(), ctx.H, ctx.s, self.eps)
+        v = ctx.expand_heads(candidates.v, g).float()
+        err = self_recall_error(ctx.key_features(candidates), v, ctx.H, ctx.s, self.eps)
+        if self.relative:
+            err = err / (v.norm(dim=-1) + self.eps)
         return ctx.reduce_heads(err, g, self.reduce)
 
 

@@ -44,13 +44,18 @@ RENAMED_METHODS = {"lolcats": "hybrid"}
 """Old method names → today's (``lolcats`` was also the name of a mixing rule)."""
 
 
-def method_name(name: str) -> str:
+def method_name(name: str, warn: bool = True) -> str:
     """Today's name of method ``name``: an old name (:data:`RENAMED_METHODS`) with a
-    :class:`DeprecationWarning`, any other name as it is."""
+    :class:`FutureWarning` (a user's option: shown by default), any other name as it is.
+
+    Args:
+        warn: ``False`` for names read back from files an older version wrote (results, records).
+    """
     new = RENAMED_METHODS.get(name)
     if new is None:
         return name
-    warnings.warn(f"the method {name!r} is now called {new!r}", DeprecationWarning, stacklevel=3)
+    if warn:
+        warnings.warn(f"the method {name!r} is now called {new!r}", FutureWarning, stacklevel=3)
     return new
 
 

@@ -33,8 +33,9 @@ def test_compact_keeps_every_token_in_the_width_of_the_fullest_head(b, hs, n, da
                 assert torch.equal(out.k[i, h, dst], k[i, h, src]) and torch.equal(out.v[i, h, dst], k[i, h, src] + 1)
 
 
-def _state_before_a_step(window, sparse, chunk, tokens, seed=0):
-    """A recency-scored layer's state fed ``tokens`` tokens (chunk larger than ``tokens``: no step yet)."""
+def _state_between_steps(window, sparse, chunk, tokens, seed=0):
+    """A recency-scored layer's state fed ``tokens`` tokens (its last step at the last multiple
+    of ``chunk``; the tokens since wait in the window)."""
     cfg = lola.LoLAConfig(window=window, sparse_size=sparse, sinks=1, chunk=chunk, policy="recency")
     attn = lola.compose(cfg, num_heads=2, head_dim=8, num_kv_heads=1)
     g = torch.Generator().manual_seed(seed)
@@ -44,10 +45,10 @@ def _state_before_a_step(window, sparse, chunk, tokens, seed=0):
     return attn, state
 
 
-@pytest.mark.parametrize("cached", [0, 3])
-def test_select_keeps_the_top_scores_and_returns_every_other_candidate_to_fold(cached):
+@pytest.mark.parametrize("extra", [0, 3])
+def test_select_keeps_the_top_scores_and_returns_every_other_candidate_to_fold(extra):
     window, sparse, chunk = 4, 3, 6
-    attn, state = _state_before_a_step(window, sparse, chunk, tokens=1 + window + cached + 2)
+    attn, state = _state_between_steps(window, sparse, chunk, tokens=1 + window + extra + 2)
     before_cache = sorted(int(p) for p in state.sparse.block.pos[0, 0] if p >= 0)
     before_window = sorted(int(p) for p in state.window.block.pos[0, 0] if p >= 0)
     with torch.no_grad():

@@ -88,3 +88,54 @@ def test_check_row_index_accepts_exactly_the_rows_of_the_state(rows, index, repe
 def test_check_row_index_refuses_what_is_not_a_1d_int_tensor(index, error):
     with pytest.raises(error, match="rows"):
         check_row_index(index, 4, "rows_to_keep", repeats=True, device=torch.device("cpu"))
+
+
+def _layer(window_cls, linear_cls):
+    from lola.feature_maps import build_feature_map
+    from lola.memory import SinkTokens, SparseCache
+    from lola.policies import Recency
+    from lola.schedules import Chunkwise
+
+    def memory():
+        return lola.LoLAMemory(
+            sinks=SinkTokens(1), window=window_cls(4, max_pending=3), sparse=SparseCache(3), linear=linear_cls(), policy=Recency(), schedule=Chunkwise(3)
+        )
+
+    torch.manual_seed(0)
+    fmap = lambda: build_feature_map("hedgehog", 4, 8, 8)  # noqa: E731  (non-negative features)
+    attn = lola.LoLAAttention(4, 8, num_kv_heads=2, memory_factory=memory, feature_map_q=fmap(), feature_map_k=fmap())
+    q, k, v = torch.randn(1, 13, 4, 8), torch.randn(1, 13, 2, 8), torch.randn(1, 13, 2, 8)
+    with torch.no_grad():
+        _, state = attn(q, k, v)
+    return attn, {name: t.clone() for name, t in state.state_dict().items()}
+
+
+def test_the_checks_a_memory_declares_are_the_ones_applied():
+    """A negative normaliser and a window of other than its newest tokens are refused for the stock
+    memories (they declare `sums_features` and `ring`); a subclass that writes its own way and
+    does not declare them again is not held to them."""
+    from lola.memory import LinearState, SlidingWindow
+
+    class OwnWrite(LinearState):
+        def write(self, *args, **kwargs):
+            return super().write(*args, **kwargs)
+
+    class OwnAppend(SlidingWindow):
+        def append(self, *args, **kwargs):
+            return super().append(*args, **kwargs)
+
+    def negative_s(saved):
+        return _edited(saved, "linear.s", lambda t: -t.abs() - 1)
+
+    def window_with_a_gap(saved):
+        # the window's oldest token swapped for a folded one (position 2): unique, but not the newest
+        return _edited(saved, "window.pos", lambda t: torch.where(t == t[t >= 0].min(), 2, t))
+
+    stock, saved = _layer(SlidingWindow, LinearState)
+    with pytest.raises(ValueError, match="linear.s"):
+        check_state(negative_s(saved), stock.new_state())
+    with pytest.raises(ValueError, match="newest tokens"):
+        check_state(window_with_a_gap(saved), stock.new_state())
+    custom, saved = _layer(OwnAppend, OwnWrite)
+    check_state(negative_s(saved), custom.new_state())
+    check_state(window_with_a_gap(saved), custom.new_state())

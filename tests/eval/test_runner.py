@@ -63,6 +63,21 @@ def test_run_records_every_sample_and_resumes(tmp_path, monkeypatch):
         run_niah(RUN.model_copy(update={"samples": 3}), model, tok, tmp_path, progress=False)
 
 
+def test_a_run_written_before_the_hybrid_was_renamed_resumes(tmp_path, monkeypatch):
+    """Folders from before `lolcats` (the method) was called `hybrid` resume with nothing redone."""
+    model, tok = tiny("llama"), TinyTokenizer()
+    run = RUN.model_copy(update={"methods": ["full", "hybrid"]})
+    run_niah(run, model, tok, tmp_path, progress=False)
+    for name in ("samples.jsonl", "results.json"):
+        path = tmp_path / name
+        path.write_text(path.read_text().replace('"hybrid"', '"lolcats"'))
+    assert '"lolcats"' in (tmp_path / "samples.jsonl").read_text()
+    calls = []
+    monkeypatch.setattr(model, "generate", lambda *a, **k: calls.append(1))
+    again = run_niah(run, model, tok, tmp_path, progress=False)
+    assert not calls and sorted({r["method"] for r in again}) == ["full", "hybrid"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

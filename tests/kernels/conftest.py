@@ -1,7 +1,7 @@
 """Kernel tests: run Triton on CPU through the interpreter unless a GPU is present.
 
 TRITON_INTERPRET must be set before triton decorates any kernel, i.e. before the first
-``lola.kernels.<op>.triton`` import, so it is set here at conftest import time. On a
+``lola.kernels.<package>.triton`` import, so it is set here at conftest import time. On a
 CUDA machine it is left alone: the CUDA parametrisation runs compiled kernels and the
 CPU-Triton cases skip (unless TRITON_INTERPRET=1 was exported on purpose).
 """

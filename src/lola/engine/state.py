@@ -1,7 +1,7 @@
 """One layer's state: its memories, policy and schedule, the storage they hold, and its rows.
 
 :class:`LayerState` holds what a layer carries from call to call: the exact slots (one
-:class:`~lola.memory.SlotBuffer`, ``[sinks | sparse | window]``), the linear state, the
+:class:`~lola.memory.slots.SlotBuffer`, ``[sinks | sparse | window]``), the linear state, the
 policy's statistics and each row's token count (:class:`~lola.engine.row_counts.RowCounts`);
 it allocates them, saves and loads them (:meth:`LayerState.state_dict`), and selects and writes
 rows. The engine's steps are functions over it (:mod:`lola.engine.block_loop`,
@@ -408,7 +408,7 @@ class LayerState:
 def _binds(memory: object) -> bool:
     """Whether ``memory`` keeps its slots in its composer's buffer (a stock store, or a subclass
     that reads and writes them only through ``block``)."""
-    return bool(getattr(memory, "binds", False))
+    return getattr(memory, "binds", False) is True  # declared, not merely truthy (a method, a mock)
 
 
 def _describe(part: object) -> str:

@@ -204,7 +204,12 @@ def _check_window(state: dict[str, torch.Tensor], seen: torch.Tensor, memory: Ch
     oldest = torch.where(valid, pos, torch.iinfo(torch.int64).max).amin(-1)
     last = seen.view(-1, 1) - 1
     head_sizes = getattr(window, "head_sizes", None)
-    sizes = head_sizes if head_sizes and len(head_sizes) == pos.shape[1] else [window.size] * pos.shape[1]
+    if head_sizes and len(head_sizes) == pos.shape[1]:
+        sizes = head_sizes
+    elif isinstance(getattr(window, "size", None), int):
+        sizes = [window.size] * pos.shape[1]
+    else:  # a ring of no declared size: only its consecutive newest tokens are checked
+        sizes = [0] * pos.shape[1]
     size = torch.tensor(sizes, dtype=torch.int64, device=pos.device).view(1, -1)
     least = torch.minimum(size, (seen.view(-1, 1) - memory.sinks.capacity).clamp_min(0))
     bad = ((n > 0) & ((newest != last) | (newest - oldest != n - 1))) | (n < least)

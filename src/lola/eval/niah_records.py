@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import math
 import platform
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lola.config import validation_summary
 from lola.eval.niah_report import summarize, summarize_by_depth
 from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
+from lola.methods import method_name
 
 RESULTS_FORMAT = "lola-niah-results"
 """The ``format`` marker of ``results.json``: a results folder without it is not lola's."""
@@ -50,6 +52,12 @@ class SampleRecord(BaseModel):
     prediction: StrictStr | None = None
     seconds: Rate | None = None
     tokens_per_second: Rate | None = None
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _todays_name(cls, method: object) -> object:
+        # records written before a method was renamed resume under its name today
+        return method_name(method, warn=False) if isinstance(method, str) else method
 
     @model_validator(mode="after")
     def _of_this_run(self, info: ValidationInfo) -> "SampleRecord":
@@ -111,11 +119,12 @@ def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, i
         except ValueError as err:  # a key given twice: json would keep the last silently
             raise ValueError(f"{path}: line {number} is not a lola niah sample ({err}); delete that line to redo that sample") from None
         try:
-            SampleRecord.model_validate(rec, context=context)
+            checked = SampleRecord.model_validate(rec, context=context)
         except ValidationError as err:
             raise ValueError(
                 f"{path}: line {number} is not a lola niah sample of this run ({describe_validation(err)}); delete that line to redo that sample"
             ) from None
+        rec["method"] = checked.method  # today's name of a renamed method
         key = (rec["method"], rec["length"], rec["index"])
         if key in lines:  # two answers to one sample: neither can be trusted over the other
             raise ValueError(
@@ -195,7 +204,9 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
         saved = data.get("run")
         if run is not None and saved is not None:
             try:
-                saved_run = NiahRun(**saved)
+                with warnings.catch_warnings():  # a method renamed since the run started: no warning for the file
+                    warnings.simplefilter("ignore", FutureWarning)
+                    saved_run = NiahRun(**saved)
             except (ValidationError, TypeError) as err:
                 detail = validation_summary(err) if isinstance(err, ValidationError) else str(err)
                 raise ValueError(f"{results} holds a run this version of lola refuses ({detail}); use another --out") from None

@@ -42,7 +42,7 @@ class PerplexityRun(BaseModel):
     lengths: list[Annotated[StrictInt, Field(ge=2, le=MAX_TOKENS)]] = Field(
         default_factory=lambda: [1024, 2048], min_length=1, description="context lengths (tokens per window)"
     )
-    methods: list[Literal[PPL_METHODS]] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1, description="methods to measure")
+    methods: list[str] = Field(default_factory=lambda: list(PPL_METHODS), min_length=1, description=f"methods to measure: any of {', '.join(PPL_METHODS)}")
     feature_maps: str | None = Field(None, description="a `lola linearize` folder or shipped name; none: untrained maps")
     window: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = Field(64, description="sliding window of the hybrid and of lola")
     sparse_size: Tokens = Field(64, description="sparse cache of the lola method (per K/V head, the average with budgets)")
@@ -76,6 +76,14 @@ class PerplexityRun(BaseModel):
     @classmethod
     def _todays_names(cls, values: object) -> object:
         return [method_name(v) if isinstance(v, str) else v for v in values] if isinstance(values, list) else values
+
+    @field_validator("methods")
+    @classmethod
+    def _known(cls, methods: list[str]) -> list[str]:
+        unknown = [m for m in methods if m not in PPL_METHODS]
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; available: {', '.join(PPL_METHODS)}")
+        return methods
 
     @field_validator("lengths", "methods")
     @classmethod

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs
+from lola.methods import method_name
 
 __all__ = ["PROBE_FILE", "RECORDS_FILE", "format_probe", "needle_positions", "probe_prompt", "run_probe", "summarize_probe"]
 
@@ -118,8 +121,23 @@ def _read_records(path: Path) -> dict[tuple[str, int, int], dict]:
             if number == len(lines):
                 break
             raise ValueError(f"{path}: line {number} is not a probe record; remove the folder or choose another --out") from None
+        r["method"] = method_name(r["method"], warn=False) if isinstance(r.get("method"), str) else r.get("method")
         out[(r["method"], r["length"], r["index"])] = r
     return out
+
+
+def _same_run(saved: object, run: NiahRun) -> bool:
+    """Whether ``saved`` (a probe file's ``run``) is ``run``, methods renamed since read by today's names."""
+    if not isinstance(saved, dict):
+        return False
+    if saved == json.loads(run.model_dump_json()):
+        return True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return NiahRun(**saved) == run
+    except (ValidationError, TypeError):
+        return False
 
 
 def _claim(out: Path, run: NiahRun) -> None:
@@ -131,7 +149,7 @@ def _claim(out: Path, run: NiahRun) -> None:
         saved = read_json(path, "a lola probe file")
         if not isinstance(saved, dict) or saved.get("format") != PROBE_FORMAT:
             raise ValueError(f"{path} is not a lola probe file; choose another --out")
-        if saved.get("run") != json.loads(run.model_dump_json()):
+        if not _same_run(saved.get("run"), run):
             raise ValueError(f"{out} holds a probe of other options; rerun with the same options to resume, or choose another --out")
     body = json.dumps(
         {"format": PROBE_FORMAT, "run": json.loads(run.model_dump_json()), "summary": summarize_probe(list(_read_records(out / RECORDS_FILE).values()))},

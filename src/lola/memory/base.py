@@ -256,7 +256,7 @@ class ExactStore:
 
     # -- storage ------------------------------------------------------------------------------
     # A composer (:class:`lola.LoLAMemory`) binds its stock stores to one buffer of its own
-    # (:class:`lola.memory.SlotBuffer`): ``block`` is then a view of this store's range of it and
+    # (:class:`lola.memory.slots.SlotBuffer`): ``block`` is then a view of this store's range of it and
     # assigning ``block`` writes into it. A store on its own keeps its own tensors.
     @property
     def block(self) -> KVBlock | None:
@@ -285,7 +285,7 @@ class ExactStore:
 
     def _writes_in_place(self) -> bool:
         """Whether this store may write into its slots directly (see
-        :meth:`lola.memory.SlotBuffer.writes_in_place`); a store on its own may when autograd
+        :meth:`lola.memory.slots.SlotBuffer.writes_in_place`); a store on its own may when autograd
         is off."""
         if self._slots is not None:
             return self._slots.writes_in_place()

@@ -623,7 +623,7 @@ def test_lola_niah_names_the_changed_option_before_loading(tmp_path, capsys, no_
 
 
 BAD_RECORDS = [
-    ("a method the run does not have", _record(method="lolcats"), "method 'lolcats'"),
+    ("a method the run does not have", _record(method="lola-random"), "method 'lola-random'"),
     ("a method that is not a string", _record(method=7), "method"),
     ("a length the run does not have", _record(length=250), "length 250"),
     ("a length as a string", _record(length="300"), "length"),

@@ -113,8 +113,8 @@ def test_niah_perplexity_and_the_lm_eval_model_resolve_one_config_alike():
         fields = niah.model_dump(exclude_unset=True)
         fields.pop("layer_overrides", None)
         assert lola_config_from_args(fields, model_name=SHIPPED, budgets=budgets)[0] == resolve_config(fields, model=SHIPPED, budgets=budgets) == niah
-    calibrated = perplexity_configs(PerplexityRun(model=SHIPPED, methods=["lolcats", "lola"], budgets=SHIPPED))
-    assert calibrated["lolcats"].layer_overrides == {} and calibrated["lola"].layer_overrides  # the sparse cache's budgets alone
+    calibrated = perplexity_configs(PerplexityRun(model=SHIPPED, methods=["hybrid", "lola"], budgets=SHIPPED))
+    assert calibrated["hybrid"].layer_overrides == {} and calibrated["lola"].layer_overrides  # the sparse cache's budgets alone
 
 
 def test_resolve_config_applies_budgets_before_the_maps_decide_the_rule():

@@ -81,3 +81,34 @@ def test_answer_prefix_starts_the_answer(tiny):
     assert s.text.endswith(f" {s.key} is")
     with pytest.raises(ValueError, match="answer_prefix needs a custom question"):
         make_sample(tok, "niah_single_1", 400, 0.5, 1, answer_prefix="x")
+
+
+def test_cli_calibrates_the_weights_a_linearized_model_attends_with(tmp_path):
+    # --feature-maps merges the folder's LoRA adapters before the heads are scored: the scores
+    # equal those of the merged model by hand, and differ from the stock model's.
+    from lola import models
+    from lola.pretrained.folder import read_feature_maps, write_feature_maps
+    from lola.pretrained.lora import LoraSpec, merge_lora
+    from tests.hostile.common import write_random_maps
+
+    write_random_maps(tmp_path / "maps")
+    maps = read_feature_maps(tmp_path / "maps")
+    model, tok = models.tiny_random()
+    g = torch.Generator().manual_seed(5)
+    lora = {}
+    for i in range(2):
+        w = model.model.layers[i].self_attn.q_proj.weight
+        lora[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight"] = torch.randn(2, w.shape[1], generator=g)
+        lora[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight"] = torch.randn(w.shape[0], 2, generator=g)
+    write_feature_maps(tmp_path / "lin", maps.tensors, maps.config, maps.geometry, lora=lora, lora_spec=LoraSpec(rank=2, alpha=4.0))
+    out = tmp_path / "budgets.json"
+    argv = ["calibrate", "--model", "tiny-random-llama", "--length", "300", "--prompts", "2", "--sparse-size", "8"]
+    assert main([*argv, "--feature-maps", str(tmp_path / "lin"), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["source"]["feature_maps"] == str(tmp_path / "lin") and "--feature-maps" in data["source"]["command"]
+    prompts = calibration_prompts(tok, 300, 2)
+    stock = retrieval_scores(model, prompts)
+    merge_lora(model, lora, LoraSpec(rank=2, alpha=4.0))
+    merged = retrieval_scores(model, prompts)
+    torch.testing.assert_close(torch.tensor(data["scores"]), merged, atol=2e-6, rtol=0)
+    assert (merged - stock).abs().max() > 1e-3

@@ -392,6 +392,28 @@ def _perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_adapted(model_name: str, feature_maps: str | None) -> tuple:
+    """``(model, tokenizer)``: the stock model, with the LoRA adapters of ``feature_maps`` (a
+    `lola linearize` folder or shipped name) merged when it has any: the projections the
+    linearized model attends with. The maps are read (and checked) before the model loads."""
+    from lola import models
+
+    maps = None
+    if feature_maps is not None:
+        from lola.pretrained.folder import read_feature_maps
+
+        with about("--feature-maps"):
+            maps = read_feature_maps(feature_maps)
+    with about("--model"):
+        model, tok = models.load(model_name)
+    if maps is not None and maps.lora is not None:
+        from lola.pretrained.lora import merge_lora
+
+        with about("--feature-maps"):
+            merge_lora(model, maps.lora, maps.lora_spec)
+    return model, tok
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -406,10 +428,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from lola.budgets import is_budgets_file
 
     out = check_output_file(args.out, ours=is_budgets_file, writer="lola calibrate")
-    from lola import models
-
-    with about("--model"):
-        model, tok = models.load(spec.model)
+    model, tok = _load_adapted(spec.model, spec.feature_maps)
     args.interrupted_hint = "nothing was written"
     budgets = calibrate(model, tok, model_name=spec.model, **spec.model_dump(exclude={"model"}))
     budgets.save(out)
@@ -440,18 +459,7 @@ def _fit_scorer(args: argparse.Namespace) -> int:
     from lola.scorers.fit import check_resume
 
     check_resume(out, spec)  # a damaged checkpoint, or one of other options or text
-    maps = None
-    if spec.feature_maps is not None:
-        from lola.pretrained.folder import read_feature_maps
-
-        with about("--feature-maps"):
-            maps = read_feature_maps(spec.feature_maps)
-    with about("--model"):
-        model, tok = models.load(spec.model)
-    if maps is not None and maps.lora is not None:
-        from lola.pretrained.lora import merge_lora
-
-        merge_lora(model, maps.lora, maps.lora_spec)  # the projections the linearized model attends with
+    model, tok = _load_adapted(spec.model, spec.feature_maps)
     args.interrupted_hint = f"the statistics so far are in {out}.partial: the same command resumes"
     command = "lola fit-scorer " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["fit-scorer"] else ""
     scorer = fit_scorer(model, tok, spec, out, command=command)

@@ -205,6 +205,9 @@ class CalibrateSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
+    feature_maps: str | None = Field(
+        None, description="a `lola linearize` folder or shipped name: the heads of the model with its LoRA merged (the weights LoLA runs on); none: the stock model"
+    )
     length: StrictInt = Field(2048, ge=1, le=MAX_TOKENS, description="tokens per calibration prompt")
     prompts: StrictInt = Field(16, ge=1, le=100_000, description="calibration prompts")
     sparse_size: StrictInt = Field(192, ge=0, le=MAX_TOKENS, description="the uniform sparse size to redistribute")
@@ -226,6 +229,7 @@ def calibrate(
     tokenizer: Any,
     *,
     model_name: str = "",
+    feature_maps: str | None = None,
     length: int = 2048,
     prompts: int = 16,
     sparse_size: int = 192,
@@ -239,6 +243,8 @@ def calibrate(
     Args:
         model, tokenizer: a stock transformers decoder and its tokenizer.
         model_name: recorded in the budgets' ``source``.
+        feature_maps: recorded in the budgets' ``source``: the linearized model whose LoRA
+            adapters ``model`` holds merged (``None``: the stock model).
         length: tokens per calibration prompt.
         prompts: number of calibration prompts.
         sparse_size: the uniform sparse size whose total is redistributed.
@@ -277,8 +283,9 @@ def calibrate(
         scores=[[round(float(x), 6) for x in row] for row in scores],
         power=power,
         source={
-            "command": f"lola calibrate --model {model_name} --length {length} --prompts {prompts} --sparse-size {sparse_size} --power {power} --floor {floor} --seed {seed}",
+            "command": f"lola calibrate --model {model_name}{f' --feature-maps {feature_maps}' if feature_maps else ''} --length {length} --prompts {prompts} --sparse-size {sparse_size} --power {power} --floor {floor} --seed {seed}",
             "model": model_name,
+            "feature_maps": feature_maps,
             "length": length,
             "prompts": prompts,
             "floor": floor,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import strategies as st
 
 seeds = st.integers(0, 2**16)
@@ -27,3 +29,12 @@ def memory_sizes(draw, *, window: Bound, sparse: Bound, sinks: Bound, chunk: Bou
     if chunk is not None:
         sizes["chunk"] = draw(_size(chunk))
     return sizes
+
+
+@st.composite
+def ragged_offsets(draw, *, heads: Bound, longest: int) -> tuple[int, ...]:
+    """``RaggedSlots.offsets`` of a run over ``heads`` storage heads: ``Hs + 1`` ints from 0, each
+    head's range ``0..longest`` slots long (empty ranges, and an all-empty run, included)."""
+    Hs = draw(_size(heads))
+    lengths = draw(st.lists(st.integers(0, longest), min_size=Hs, max_size=Hs))
+    return tuple(itertools.accumulate(lengths, initial=0))

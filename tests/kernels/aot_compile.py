@@ -50,14 +50,19 @@ def cases():
                 dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", h="*fp32", s="*fp32", num="*fp32", den="*fp32", T="i32", NT="i32"),
                 dict(H=16, F=F, D=D, BT=64, PRECISION=prec),
             )
-        for D in (64, 128):
+        # the ragged run's arguments (read only with HAS_RAGGED)
+        ragged = dict(rk=f"*{dt}", rv=f"*{dt}", r_pos="*i64", r_offsets="*i64", S="i32")
+        sp_types = dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", q_pos="*i64", k_pos="*i64", num="*fp32", den="*fp32", mx="*fp32", scale="fp32", L="i32", N="i32")
+        dec_types = dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", k_pos="*i64", fq=f"*{dt}", h="*fp32", s="*fp32", gate="*fp32", o="*fp32", scale="fp32", N="i32")
+        for D, has_ragged in ((64, False), (128, False), (64, True), (128, True)):
             yield (
-                f"softmax_partial {dt} D={D}",
+                f"softmax_partial {dt} D={D}" + (" ragged" if has_ragged else ""),
                 sp.softmax_partial_fwd_kernel,
-                dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", q_pos="*i64", k_pos="*i64", num="*fp32", den="*fp32", mx="*fp32", scale="fp32", L="i32", N="i32"),
-                dict(H=32, G=4, D=D, BL=64, BN=64 if D <= 64 else 32, BD=D, PRECISION=prec),
+                sp_types | ragged,
+                dict(H=32, G=4, D=D, BL=64, BN=64 if D <= 64 else 32, BD=D, PRECISION=prec, HAS_RAGGED=has_ragged),
                 dict(num_warps=4 if D <= 64 else 8, num_stages=2),
             )
+        for D in (64, 128):
             yield (
                 f"self_recall_error {dt} F=D={D}",
                 sre.self_recall_error_fwd_kernel,
@@ -66,12 +71,13 @@ def cases():
                 dict(num_warps=4, num_stages=2),
             )
             for mixing in range(4):
-                yield (
-                    f"decode_step {dt} D=F={D} mixing={mixing}",
-                    dec.decode_step_fwd_kernel,
-                    dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", k_pos="*i64", fq=f"*{dt}", h="*fp32", s="*fp32", gate="*fp32", o="*fp32", scale="fp32", N="i32"),
-                    dict(Hs=8, G=4, D=D, F=D, BG=16, BD=D, BF=64 if D <= 64 else 32, MIXING=mixing, PRECISION=prec),
-                )
+                for has_ragged in (False, True):
+                    yield (
+                        f"decode_step {dt} D=F={D} mixing={mixing}" + (" ragged" if has_ragged else ""),
+                        dec.decode_step_fwd_kernel,
+                        dec_types | ragged,
+                        dict(Hs=8, G=4, D=D, F=D, BG=16, BD=D, BF=64 if D <= 64 else 32, MIXING=mixing, PRECISION=prec, HAS_RAGGED=has_ragged),
+                    )
 
 
 # One case per kernel and code path: what the CPU test suite compiles.
@@ -80,9 +86,11 @@ QUICK = (
     "chunk_output bf16 F=128 D=128",
     "chunk_output fp32 F=64 D=64",
     "softmax_partial bf16 D=128",
+    "softmax_partial fp32 D=64 ragged",
     "self_recall_error fp32 F=D=64",
     "decode_step bf16 D=F=128 mixing=2",
     "decode_step bf16 D=F=64 mixing=3",
+    "decode_step bf16 D=F=128 mixing=2 ragged",
 )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import torch
 
 from lola.kernels.dispatch import PACKAGE_OF_OP
+from lola.kernels.ragged import RaggedSlots, pad_ragged
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -45,3 +46,21 @@ def triton_impl(op: str):
 
 def reference_module(op: str):
     return importlib.import_module(f"lola.kernels.{PACKAGE_OF_OP[op]}.reference")
+
+
+def make_ragged(B, offsets, D, dtype=torch.float32, device="cpu", empty_frac=0.25, max_pos=64, seed=0) -> RaggedSlots:
+    """A ragged run with storage head ``h`` owning slots ``offsets[h]:offsets[h + 1]``: random
+    keys and values, positions in ``[0, max_pos)``, a share ``empty_frac`` of slots empty (-1)."""
+    g = torch.Generator().manual_seed(seed)
+    S = offsets[-1]
+    k, v = torch.randn(B, S, D, generator=g), torch.randn(B, S, D, generator=g)
+    pos = torch.randint(0, max(max_pos, 1), (B, S), generator=g)
+    pos[torch.rand(B, S, generator=g) < empty_frac] = -1
+    return RaggedSlots(k.to(dtype=dtype, device=device), v.to(dtype=dtype, device=device), pos.to(device), tuple(offsets))
+
+
+def padded_cache(k, v, k_pos, ragged: RaggedSlots):
+    """The oracle's cache: the dense ``k, v [B, Hs, N, D]``, ``k_pos [B, Hs, N]`` concatenated
+    along ``N`` with :func:`pad_ragged` of the run (what an op given ``ragged=`` must equal)."""
+    pk, pv, pp = pad_ragged(ragged, k.shape[1])
+    return torch.cat([k, pk], 2), torch.cat([v, pv], 2), torch.cat([k_pos, pp], 2)

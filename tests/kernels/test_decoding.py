@@ -2,13 +2,14 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lola.kernels as K
 from lola.kernels.decoding import reference as ref
 
-from .helpers import DTYPES, assert_close_rel, tolerance, triton_impl
+from ..strategies import ragged_offsets, seeds
+from .helpers import DTYPES, assert_close_rel, make_ragged, padded_cache, tolerance, triton_impl
 
 RULES = ref.MIXING_RULES
 
@@ -208,3 +209,92 @@ def test_the_reference_decode_step_compiles_as_one_graph_on_cpu():
     with torch.no_grad():  # as decoding runs
         got = compiled(q, k, v, pos, fq, Hm, s, gate, "lola_authors", 0.25)
     torch.testing.assert_close(got, decode_step(q, k, v, pos, fq, Hm, s, gate, "lola_authors", 0.25), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- ragged slots
+
+
+def with_ragged(B, Hs, G, N, D, F, offsets, dtype=torch.float32, device="cpu", empty=0.25, seed=0):
+    """Decode inputs and a ragged run (every non-empty slot is visible to the decode query)."""
+    x = make_inputs(B, G * Hs, Hs, N, D, F, dtype, device, empty_frac=empty, seed=seed)
+    return x, make_ragged(B, offsets, D, dtype, device, empty_frac=empty, seed=seed + 1)
+
+
+def on_padded_cache(x, ragged):
+    k, v, k_pos = padded_cache(x["k"], x["v"], x["k_pos"], ragged)
+    return {**x, "k": k, "v": v, "k_pos": k_pos}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    mixing=st.sampled_from(RULES),
+    offsets=ragged_offsets(heads=(1, 3), longest=50),
+    B=st.integers(1, 2),
+    G=st.integers(1, 3),
+    N=st.integers(0, 20),
+    dtype=st.sampled_from(DTYPES),
+    empty=st.floats(0, 1),
+    seed=seeds,
+)
+def test_property_reference_ragged_is_the_padded_cache(mixing, offsets, B, G, N, dtype, empty, seed):
+    x, ragged = with_ragged(B, len(offsets) - 1, G, N, 8, 4, offsets, dtype, empty=empty, seed=seed)
+    got = ref.decode_step(**x, mixing=mixing, scale=0.3, ragged=ragged)
+    padded = on_padded_cache(x, ragged)
+    assert_close_rel(ref.decode_step(**padded, mixing=mixing, scale=0.3), got, 1e-5)
+    assert_close_rel(explicit_decode(padded, mixing, 0.3), got, 1e-5)
+
+
+def _check_slots_belong_to_their_head(fn, device):
+    """Moving one slot from head 0's range to head 1's changes both heads' outputs."""
+    x, ragged = with_ragged(1, 2, 1, 3, 8, 4, (0, 3, 6), device=device, empty=0.0)
+    a = fn(**x, mixing="softmax_only", scale=0.5, ragged=ragged)
+    b = fn(**x, mixing="softmax_only", scale=0.5, ragged=ragged._replace(offsets=(0, 2, 6)))
+    for h in range(2):
+        assert not torch.allclose(a[:, h], b[:, h]), f"head {h} did not see the slot move"
+
+
+def test_reference_ragged_slots_belong_to_their_head():
+    _check_slots_belong_to_their_head(ref.decode_step, "cpu")
+
+
+def test_triton_ragged_slots_belong_to_their_head(triton_device):
+    _check_slots_belong_to_their_head(triton_impl("decode_step"), triton_device)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    mixing=st.sampled_from(RULES),
+    offsets=ragged_offsets(heads=(1, 3), longest=80),
+    G=st.integers(1, 3),
+    N=st.integers(0, 70),
+    dtype=st.sampled_from(DTYPES),
+    empty=st.floats(0, 1),
+    seed=seeds,
+)
+def test_property_triton_ragged_matches_reference(triton_device, mixing, offsets, G, N, dtype, empty, seed):
+    x, ragged = with_ragged(2, len(offsets) - 1, G, N, 16, 8, offsets, dtype, triton_device, empty, seed)
+    expected = ref.decode_step(**x, mixing=mixing, scale=0.25, ragged=ragged)
+    o = triton_impl("decode_step")(**x, mixing=mixing, scale=0.25, ragged=ragged)
+    assert_close_rel(expected, o, tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mixing", RULES)
+@pytest.mark.parametrize("offsets", [(0, 0, 0), (0, 130, 130), (0, 1, 66)])
+def test_triton_ragged_matches_reference(triton_device, dtype, mixing, offsets):
+    """Every mixing rule; empty runs and ranges, one longer than two tiles, one starting off a
+    tile boundary."""
+    x, ragged = with_ragged(2, 2, 2, 65, 60, 64, offsets, dtype, triton_device)
+    expected = ref.decode_step(**x, mixing=mixing, scale=60**-0.5, ragged=ragged)
+    with K.use_backend("triton"):
+        o = K.decode_step(**x, mixing=mixing, scale=60**-0.5, ragged=ragged)
+    assert_close_rel(expected, o, tolerance(dtype))
+
+
+def test_triton_ragged_softmax_only_without_linear_state(triton_device):
+    x, ragged = with_ragged(1, 2, 2, 0, 16, 8, (0, 5, 40), device=triton_device)
+    x.update(fq=None, H=None, s=None)
+    expected = ref.decode_step(**x, mixing="softmax_only", scale=0.25, ragged=ragged)
+    with K.use_backend("triton"):
+        o = K.decode_step(**x, mixing="softmax_only", scale=0.25, ragged=ragged)
+    assert_close_rel(expected, o, 1e-5)

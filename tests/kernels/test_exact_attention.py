@@ -2,13 +2,14 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lola.kernels as K
 from lola.kernels.exact_attention import reference as ref
 
-from .helpers import DTYPES, assert_close_rel, assert_outputs_close, tolerance, triton_impl
+from ..strategies import ragged_offsets, seeds
+from .helpers import DTYPES, assert_close_rel, assert_outputs_close, make_ragged, padded_cache, tolerance, triton_impl
 
 OUTPUTS = ("num", "den", "max")
 
@@ -185,3 +186,82 @@ def test_validation_messages():
         K.softmax_partial(q, k, v[:, :, :3], q_pos, k_pos, 1.0)
     with pytest.raises(ValueError, match=r"q_pos must be an integer"):
         K.softmax_partial(q, k, v, q_pos.float(), k_pos, 1.0)
+
+
+# ---------------------------------------------------------------- ragged slots
+
+
+def ragged_case(B, Hs, G, L, N, D, offsets, dtype=torch.float32, device="cpu", empty=0.25, seed=0):
+    """Inputs and a ragged run whose positions mix with the cache's, queries at random positions."""
+    q, k, v, _, k_pos = make_inputs(B, G * Hs, Hs, L, N, D, dtype, device, empty_frac=empty, seed=seed)
+    top = 2 * (N + offsets[-1]) + 1
+    ragged = make_ragged(B, offsets, D, dtype, device, empty_frac=empty, max_pos=top, seed=seed + 1)
+    q_pos = torch.sort(torch.randint(0, top + 1, (B, L), generator=torch.Generator().manual_seed(seed)), dim=-1).values
+    return (q, k, v, q_pos.to(device), k_pos), ragged
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    offsets=ragged_offsets(heads=(1, 3), longest=70),
+    B=st.integers(1, 2),
+    G=st.integers(1, 3),
+    L=st.integers(1, 6),
+    N=st.integers(0, 20),
+    D=st.sampled_from([1, 5, 16]),
+    dtype=st.sampled_from(DTYPES),
+    empty=st.floats(0, 1),
+    seed=seeds,
+)
+def test_property_reference_ragged_is_the_padded_cache(offsets, B, G, L, N, D, dtype, empty, seed):
+    (q, k, v, q_pos, k_pos), ragged = ragged_case(B, len(offsets) - 1, G, L, N, D, offsets, dtype, empty=empty, seed=seed)
+    got = ref.softmax_partial(q, k, v, q_pos, k_pos, D**-0.5, ragged)
+    pk, pv, pp = padded_cache(k, v, k_pos, ragged)
+    assert_outputs_close(ref.softmax_partial(q, pk, pv, q_pos, pp, D**-0.5), got, 1e-5, OUTPUTS)
+    assert_outputs_close(dense_masked_softmax(q, pk, pv, q_pos, pp, D**-0.5), got, 1e-5, OUTPUTS)
+
+
+def _check_slots_belong_to_their_head(fn, device):
+    """Moving one slot from head 0's range to head 1's changes both heads' partials."""
+    (q, k, v, q_pos, k_pos), ragged = ragged_case(1, 2, 1, 4, 3, 8, (0, 3, 6), device=device, empty=0.0)
+    q_pos = torch.full_like(q_pos, 1000)  # every slot visible
+    a = fn(q, k, v, q_pos, k_pos, 0.5, ragged)
+    b = fn(q, k, v, q_pos, k_pos, 0.5, ragged._replace(offsets=(0, 2, 6)))
+    for h in range(2):
+        assert not torch.allclose(a[1][:, h], b[1][:, h]), f"head {h} did not see the slot move"
+
+
+def test_reference_ragged_slots_belong_to_their_head():
+    _check_slots_belong_to_their_head(ref.softmax_partial, "cpu")
+
+
+def test_triton_ragged_slots_belong_to_their_head(triton_device):
+    _check_slots_belong_to_their_head(triton_impl("softmax_partial"), triton_device)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    offsets=ragged_offsets(heads=(1, 3), longest=80),
+    G=st.integers(1, 2),
+    L=st.integers(1, 20),
+    N=st.integers(0, 70),
+    dtype=st.sampled_from(DTYPES),
+    empty=st.floats(0, 1),
+    seed=seeds,
+)
+def test_property_triton_ragged_matches_reference(triton_device, offsets, G, L, N, dtype, empty, seed):
+    D = 16
+    (q, k, v, q_pos, k_pos), ragged = ragged_case(1, len(offsets) - 1, G, L, N, D, offsets, dtype, triton_device, empty, seed)
+    expected = ref.softmax_partial(q, k, v, q_pos, k_pos, D**-0.5, ragged)
+    got = triton_impl("softmax_partial")(q, k, v, q_pos, k_pos, D**-0.5, ragged)
+    assert_outputs_close(expected, got, tolerance(dtype), OUTPUTS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offsets", [(0, 0, 0), (0, 130, 130), (0, 1, 66)])
+def test_triton_ragged_matches_reference(triton_device, dtype, offsets):
+    """Empty runs and ranges, one longer than two tiles, one starting off a tile boundary."""
+    (q, k, v, q_pos, k_pos), ragged = ragged_case(2, 2, 2, 17, 65, 60, offsets, dtype, triton_device)
+    expected = ref.softmax_partial(q, k, v, q_pos, k_pos, 0.2, ragged)
+    with K.use_backend("triton"):
+        got = K.softmax_partial(q, k, v, q_pos, k_pos, 0.2, ragged=ragged)
+    assert_outputs_close(expected, got, tolerance(dtype), OUTPUTS)

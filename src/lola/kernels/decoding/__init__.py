@@ -9,10 +9,11 @@ import torch
 from lola.core.mixing import MIXING_RULES, check_mixing, mix_partials
 
 from ..dispatch import implementation
+from ..ragged import RaggedSlots, check_ragged
 from ..utils import check_float, check_linear_state, check_query_and_cache, check_same_device
 
 
-def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
+def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing, ragged=None) -> None:
     check_mixing(mixing)
     c = check_query_and_cache(q, "B H D", k, v, k_pos)
     c.check("gate", gate, "H")
@@ -27,6 +28,8 @@ def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing) -> None:
         check_float("fq", fq)
         tensors += list(linear)
     check_same_device(tensors)
+    if ragged is not None:
+        check_ragged("ragged", ragged, k, v)
 
 
 def decode_step(
@@ -41,11 +44,13 @@ def decode_step(
     mixing: str,
     scale: float,
     *,
+    ragged: Optional[RaggedSlots] = None,
     check: bool = True,
 ) -> torch.Tensor:
     """Attention output for one new query token per row.
 
-    Exact part: softmax partials of ``q`` over every non-empty cache slot (``k_pos >= 0``).
+    Exact part: softmax partials of ``q`` over every non-empty cache slot (``k_pos >= 0``),
+    those of ``ragged`` included.
     Linear part: ``L_num = fq^T H``, ``L_den = fq^T s``. Mixed by ``mixing`` (see
     :func:`lola.core.mixing.mix_partials`); a zero denominator gives 0.
 
@@ -59,6 +64,10 @@ def decode_step(
         gate: ``[H]`` fp32 softmax weight ``w`` per head (already sigmoid-ed).
         mixing: ``"lolcats" | "lolcats_affine" | "lola_authors" | "softmax_only"``.
         scale: logit scale.
+        ragged: extra slots per storage head (:class:`~lola.kernels.RaggedSlots`: ``k, v
+            [B, S, D]``, ``pos [B, S]``, head ``h`` owns ``offsets[h]:offsets[h + 1]``); the
+            same as concatenating :func:`~lola.kernels.pad_ragged` to the cache along ``N``.
+            ``None``: only the cache.
         check: validate shapes, dtypes and devices first (``False`` only for callers that
             built the inputs themselves, such as the LoLA engine on its decode path).
 
@@ -66,9 +75,10 @@ def decode_step(
         ``o [B, H, D]`` fp32 (the caller casts).
     """
     if check:
-        check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing)
-    fn = implementation("decode_step", q, k, v, fq, H, s, gate)
-    return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale)
+        check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing, ragged)
+    extra = () if ragged is None else (ragged.k, ragged.v, ragged.pos)  # they decide the backend too
+    fn = implementation("decode_step", q, k, v, fq, H, s, gate, *extra)
+    return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale, ragged)
 
 
 __all__ = ["decode_step", "mix_partials", "MIXING_RULES", "check_inputs"]

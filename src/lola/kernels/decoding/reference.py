@@ -2,7 +2,8 @@
 
 The softmax partials of the one query over the cache (:mod:`lola.kernels.softmax_partial`)
 and its linear partials ``φ(q)ᵀH, φ(q)ᵀs``, mixed by a rule of :mod:`lola.core.mixing` (the
-rules and their arithmetic are defined there, once).
+rules and their arithmetic are defined there, once). A ragged run
+(:class:`lola.kernels.RaggedSlots`) adds slots to each storage head's cache.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 from lola.core.mixing import MIXING_RULES, check_mixing, linear_share_of, mix_partials, mixing_weights, safe_divide
 from lola.core.partials import read_linear_state
 
-from ..exact_attention.reference import masked_logits, partials_from_logits
+from ..exact_attention.reference import masked_logits, partials_from_logits, partials_with_ragged
+from ..ragged import RaggedSlots
 
 __all__ = ["MIXING_RULES", "check_mixing", "decode_step", "linear_share_of", "mix_partials", "mixing_weights", "safe_divide", "softmax_over_slots"]
 
@@ -46,6 +48,7 @@ def decode_step(
     gate: torch.Tensor,
     mixing: str,
     scale: float,
+    ragged: Optional[RaggedSlots] = None,
 ) -> torch.Tensor:
     """Reference decode step: :func:`softmax_partial` with one query + :func:`mix_partials`.
 
@@ -53,14 +56,21 @@ def decode_step(
         q: ``[B, H, D]``; k, v: ``[B, Hs, N, D]``; k_pos: ``[B, Hs, N]`` (-1 = empty slot,
         every other slot visible); fq: ``[B, H, F]``; H: ``[B, H, F, D]`` fp32;
         s: ``[B, H, F]`` fp32; gate: ``[H]`` fp32. fq/H/s may be None for ``softmax_only``.
+        ragged: extra slots per storage head (``k, v [B, S, D]``, ``pos [B, S]``, ``offsets``),
+        every non-empty one visible too, or ``None``.
 
     Returns:
         ``o [B, H, D]`` fp32.
     """
     check_mixing(mixing)
-    if mixing == "softmax_only":
+    if mixing == "softmax_only" and ragged is None:
         return softmax_over_slots(q, k, v, k_pos, scale)
     # One query newer than every stored key: only empty slots are masked.
-    e_num, e_den, e_max = partials_from_logits(masked_logits(q[:, :, None], k, None, k_pos, scale), v)
+    if ragged is None:
+        e_num, e_den, e_max = partials_from_logits(masked_logits(q[:, :, None], k, None, k_pos, scale), v)
+    else:
+        e_num, e_den, e_max = partials_with_ragged(q[:, :, None], k, v, None, k_pos, scale, ragged)
+    if mixing == "softmax_only":
+        return safe_divide(e_num, e_den)[:, :, 0]
     linear = read_linear_state(fq.unsqueeze(2), H, s)  # [B, H, 1, D], [B, H, 1]
     return mix_partials(e_num, e_den, e_max, linear.num, linear.den, gate, mixing)[:, :, 0]

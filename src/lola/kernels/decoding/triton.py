@@ -4,7 +4,8 @@ One program per (batch, k/v head) serves the ``G = H // Hs`` query heads sharing
 k/v head, so the cache is read once (flash-decoding's grouping; the G rows are padded
 to 16 for ``tl.dot``). The program runs the online softmax over the cache tiles, reads
 each head's fp32 state ``H [F, D]`` / ``s [F]`` for the linear part and mixes in
-registers: only ``o [B, H, D]`` is written.
+registers: only ``o [B, H, D]`` is written. A ragged run's range of the k/v head is read
+after its cache, in the same online softmax.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import triton.language as tl
 
 from lola.core.mixing import check_mixing
 
-from ..triton_utils import autotune_configs, cache_tile_scores, device_guard, online_softmax_tile
+from ..ragged import RaggedSlots, kernel_args
+from ..triton_utils import autotune_configs, cache_tile_scores, device_guard, online_softmax_tile, ragged_range, slot_tile_scores
 from ..utils import block_size, common_float_dtype, dot_precision
 
 
@@ -26,15 +28,19 @@ from ..utils import block_size, common_float_dtype, dot_precision
         [triton.Config({"BN": BN}, num_warps=w, num_stages=st) for BN, w, st in ((32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2), (128, 4, 3))],
         triton.Config({"BN": 64}, num_warps=4, num_stages=2),
     ),
-    # N is left out on purpose: it grows by one every step and would retune each time.
-    key=["G", "D", "F", "MIXING"],
+    # N and S are left out on purpose: they grow every step and would retune each time.
+    key=["G", "D", "F", "MIXING", "HAS_RAGGED"],
 )
-@triton.jit(do_not_specialize=["N"])  # sizes vary per call: no recompiles
+@triton.jit(do_not_specialize=["N", "S"])  # sizes vary per call: no recompiles
 def decode_step_fwd_kernel(
     q,
     k,
     v,
     k_pos,
+    rk,
+    rv,
+    r_pos,
+    r_offsets,
     fq,
     h,
     s,
@@ -42,6 +48,7 @@ def decode_step_fwd_kernel(
     o,
     scale,
     N,
+    S,
     Hs: tl.constexpr,
     G: tl.constexpr,
     D: tl.constexpr,
@@ -52,8 +59,10 @@ def decode_step_fwd_kernel(
     BF: tl.constexpr,
     MIXING: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_RAGGED: tl.constexpr,
 ):
     # MIXING: 0 lolcats, 1 lolcats_affine, 2 lola_authors, 3 softmax_only
+    # rk, rv: [B, S, D], r_pos: [B, S], r_offsets: [Hs + 1] (a ragged run; unread without HAS_RAGGED)
     i_bkv = tl.program_id(0)
     i_b, i_hs = i_bkv // Hs, i_bkv % Hs
     i_bkv64 = tl.cast(i_bkv, tl.int64)
@@ -74,6 +83,14 @@ def decode_step_fwd_kernel(
         b_s, b_v, b_kpos = cache_tile_scores(b_q, k, v, k_pos, i_bkv64, i_n, N, scale, o_d, m_d, D, BN, PRECISION)
         b_s = tl.where((b_kpos >= 0)[None, :], b_s, float("-inf"))
         b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)
+    if HAS_RAGGED:
+        # The same softmax over this k/v head's range of the row's ragged run (no padding read).
+        r_start, r_len = ragged_range(r_offsets, i_hs)
+        r_base = tl.cast(i_b, tl.int64) * S + r_start
+        for i_n in range(0, r_len, BN):
+            b_s, b_v, b_kpos = slot_tile_scores(b_q, rk, rv, r_pos, r_base, i_n, r_len, scale, o_d, m_d, D, BN, PRECISION)
+            b_s = tl.where((b_kpos >= 0)[None, :], b_s, float("-inf"))
+            b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)
 
     if MIXING == 3:
         b_num = b_acc
@@ -130,12 +147,14 @@ def decode_step(
     gate: torch.Tensor,
     mixing: str,
     scale: float,
+    ragged: Optional[RaggedSlots] = None,
 ) -> torch.Tensor:
     """Triton version of :func:`..reference.decode_step` (same contract).
 
     Args:
         q: ``[B, H, D]``; k, v: ``[B, Hs, N, D]``; k_pos: ``[B, Hs, N]``; fq: ``[B, H, F]``;
-        H: ``[B, H, F, D]`` fp32; s: ``[B, H, F]`` fp32; gate: ``[H]``.
+        H: ``[B, H, F, D]`` fp32; s: ``[B, H, F]`` fp32; gate: ``[H]``;
+        ragged: ``k, v [B, S, D]``, ``pos [B, S]``, ``offsets`` (``Hs + 1``), or ``None``.
 
     Returns:
         ``o [B, H, D]`` fp32.
@@ -157,6 +176,7 @@ def decode_step(
     else:
         F = fq.shape[-1]
         fq, H, s = fq.contiguous(), H.float().contiguous(), s.float().contiguous()
+    rk, rv, r_pos, r_offsets, S = kernel_args(ragged, q, dtype)
     BD = block_size(D)
     with device_guard(q):
         decode_step_fwd_kernel[(B * Hs,)](
@@ -164,6 +184,10 @@ def decode_step(
             k,
             v,
             k_pos,
+            rk,
+            rv,
+            r_pos,
+            r_offsets,
             fq,
             H,
             s,
@@ -171,6 +195,7 @@ def decode_step(
             o,
             float(scale),
             N,
+            S,
             Hs=Hs,
             G=G,
             D=D,
@@ -180,5 +205,6 @@ def decode_step(
             BF=block_size(F, hi=64 if BD <= 64 else 32),
             MIXING=rule,
             PRECISION=dot_precision(dtype),
+            HAS_RAGGED=S > 0,
         )
     return o

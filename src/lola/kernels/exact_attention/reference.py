@@ -10,13 +10,18 @@ Key ``j`` is visible to query ``i`` iff ``k_pos[j] >= 0`` and ``k_pos[j] <= q_po
 
 Partials from disjoint key sets combine exactly (flash-decoding style), which is how
 the exact (sparse cache / window) part is mixed with the linear part.
+
+A ragged run (:class:`lola.kernels.RaggedSlots`) adds slots ``offsets[h]:offsets[h + 1]`` to
+storage head ``h``'s cache: the same partials over both.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
+
+from ..ragged import RaggedSlots
 
 
 def masked_logits(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor | None, k_pos: torch.Tensor, scale: float) -> torch.Tensor:
@@ -69,6 +74,34 @@ def partials_from_logits(s: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor
     return num.reshape(B, H, L, D), den.reshape(B, H, L), m.reshape(B, H, L)
 
 
+def partials_with_ragged(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: Optional[torch.Tensor], k_pos: torch.Tensor, scale: float, ragged: RaggedSlots
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Partials over each storage head's dense slots and its own range of the ragged run.
+
+    One storage head at a time: its ``G`` query heads read its dense slots concatenated with
+    ``ragged`` slots ``offsets[h]:offsets[h + 1]`` (nothing padded).
+
+    Args:
+        q: ``[B, H, L, D]``; k, v: ``[B, Hs, N, D]``; q_pos: ``[B, L]`` or ``None`` (every
+            stored key visible, see :func:`masked_logits`); k_pos: ``[B, Hs, N]``.
+        ragged: ``k, v [B, S, D]``, ``pos [B, S]``, ``offsets`` (``Hs + 1`` ints).
+
+    Returns:
+        ``num [B, H, L, D]``, ``den [B, H, L]``, ``max [B, H, L]``, all fp32.
+    """
+    Hs = k.shape[1]
+    G = q.shape[1] // Hs
+    o = ragged.offsets
+    parts = []
+    for h in range(Hs):
+        kh = torch.cat([k[:, h].float(), ragged.k[:, o[h] : o[h + 1]].float()], 1)[:, None]  # [B, 1, N + n, D]
+        vh = torch.cat([v[:, h].float(), ragged.v[:, o[h] : o[h + 1]].float()], 1)[:, None]
+        ph = torch.cat([k_pos[:, h], ragged.pos[:, o[h] : o[h + 1]].to(k_pos.dtype)], 1)[:, None]
+        parts.append(partials_from_logits(masked_logits(q[:, h * G : (h + 1) * G], kh, q_pos, ph, scale), vh))
+    return tuple(torch.cat(x, 1) for x in zip(*parts))
+
+
 def softmax_partial(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -76,6 +109,7 @@ def softmax_partial(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     scale: float,
+    ragged: Optional[RaggedSlots] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference softmax partials (materialises the ``[B, H, L, N]`` scores).
 
@@ -85,8 +119,11 @@ def softmax_partial(
         q_pos: ``[B, L]`` int64 query positions.
         k_pos: ``[B, Hs, N]`` int64 key positions, ``-1`` = empty slot.
         scale: logit scale.
+        ragged: extra slots per storage head (see :func:`partials_with_ragged`), or ``None``.
 
     Returns:
         ``num [B, H, L, D]``, ``den [B, H, L]``, ``max [B, H, L]``, all fp32.
     """
+    if ragged is not None:
+        return partials_with_ragged(q, k, v, q_pos, k_pos, scale, ragged)
     return partials_from_logits(masked_logits(q, k, q_pos, k_pos, scale), v)

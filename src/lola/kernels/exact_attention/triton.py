@@ -1,34 +1,41 @@
 """Flash-style softmax partials in Triton: tiled over keys with a running max.
 
 One program per (query tile, batch*head). The ``[L, N]`` scores never leave registers;
-rows with nothing visible keep ``max = -inf`` and shift by 0 so no NaN appears.
+rows with nothing visible keep ``max = -inf`` and shift by 0 so no NaN appears. With a ragged
+run, the same online softmax goes on over the program's storage head's own range of it.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..triton_utils import cache_tile_scores, device_guard, online_softmax_tile
+from ..ragged import RaggedSlots, kernel_args
+from ..triton_utils import cache_tile_scores, device_guard, online_softmax_tile, ragged_range, slot_tile_scores
 from ..utils import block_size, common_float_dtype, dot_precision
 
 
-@triton.jit(do_not_specialize=["L", "N"])  # sizes vary per call: no recompiles
+@triton.jit(do_not_specialize=["L", "N", "S"])  # sizes vary per call: no recompiles
 def softmax_partial_fwd_kernel(
     q,
     k,
     v,
     q_pos,
     k_pos,
+    rk,
+    rv,
+    r_pos,
+    r_offsets,
     num,
     den,
     mx,
     scale,
     L,
     N,
+    S,
     H: tl.constexpr,
     G: tl.constexpr,
     D: tl.constexpr,
@@ -36,7 +43,9 @@ def softmax_partial_fwd_kernel(
     BN: tl.constexpr,
     BD: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_RAGGED: tl.constexpr,
 ):
+    # rk, rv: [B, S, D], r_pos: [B, S], r_offsets: [Hs + 1] (a ragged run; unread without HAS_RAGGED)
     i_l, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_bh64 = tl.cast(i_bh, tl.int64)
@@ -58,6 +67,15 @@ def softmax_partial_fwd_kernel(
         visible = (b_kpos[None, :] >= 0) & (b_kpos[None, :] <= b_qpos[:, None])
         b_s = tl.where(visible, b_s, float("-inf"))
         b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)
+    if HAS_RAGGED:
+        # The same softmax over this k/v head's range of the row's ragged run (no padding read).
+        r_start, r_len = ragged_range(r_offsets, i_h // G)
+        r_base = tl.cast(i_b, tl.int64) * S + r_start
+        for i_n in range(0, r_len, BN):
+            b_s, b_v, b_kpos = slot_tile_scores(b_q, rk, rv, r_pos, r_base, i_n, r_len, scale, o_d, m_d, D, BN, PRECISION)
+            visible = (b_kpos[None, :] >= 0) & (b_kpos[None, :] <= b_qpos[:, None])
+            b_s = tl.where(visible, b_s, float("-inf"))
+            b_m, b_l, b_acc = online_softmax_tile(b_m, b_l, b_acc, b_s, b_v, PRECISION)
 
     tl.store(num + (i_bh64 * L + o_l[:, None]) * D + o_d[None, :], b_acc, mask=m_l[:, None] & m_d[None, :])
     tl.store(den + i_bh64 * L + o_l, b_l, mask=m_l)
@@ -71,11 +89,13 @@ def softmax_partial(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     scale: float,
+    ragged: Optional[RaggedSlots] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton version of :func:`..reference.softmax_partial` (same contract).
 
     Args:
-        q: ``[B, H, L, D]``; k, v: ``[B, Hs, N, D]``; q_pos: ``[B, L]``; k_pos: ``[B, Hs, N]``.
+        q: ``[B, H, L, D]``; k, v: ``[B, Hs, N, D]``; q_pos: ``[B, L]``; k_pos: ``[B, Hs, N]``;
+        ragged: ``k, v [B, S, D]``, ``pos [B, S]``, ``offsets`` (``Hs + 1``), or ``None``.
 
     Returns:
         ``num [B, H, L, D]``, ``den [B, H, L]``, ``max [B, H, L]``, all fp32.
@@ -92,6 +112,7 @@ def softmax_partial(
     mx = torch.empty(B, H, L, **f32)
     if B * H * L == 0:
         return num, den, mx
+    rk, rv, r_pos, r_offsets, S = kernel_args(ragged, q, dtype)
 
     BD = block_size(D)
     BL = block_size(L, hi=64 if BD <= 128 else 32)
@@ -104,12 +125,17 @@ def softmax_partial(
             v,
             q_pos,
             k_pos,
+            rk,
+            rv,
+            r_pos,
+            r_offsets,
             num,
             den,
             mx,
             float(scale),
             L,
             N,
+            S,
             H=H,
             G=H // Hs,
             D=D,
@@ -117,6 +143,7 @@ def softmax_partial(
             BN=BN,
             BD=BD,
             PRECISION=dot_precision(dtype),
+            HAS_RAGGED=S > 0,
             num_warps=4 if BL * BD <= 64 * 64 else 8,
             num_stages=2,
         )

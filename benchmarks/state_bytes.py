@@ -4,9 +4,9 @@
 
 For each sparse size the model's resolved config is built with uniform budgets and with the
 named calibrated ones (the same slots in total), every layer run on 8 bfloat16 tokens (batch
-1); prints ``LoLAMemory.nbytes()`` summed over the layers (what the running state holds: every
-head gets the largest head's sparse slots) and the bytes of ``state_dict()`` (what is saved:
-per-head sparse slots ragged), and their ratio. No model weights are loaded: the state's size
+1); prints ``LoLAMemory.nbytes()`` summed over the layers (what the running state holds: per-head
+sparse slots in one ragged run) and the bytes of ``state_dict()`` (what is saved: the same run),
+and their ratio. No model weights are loaded: the state's size
 depends on the shape and the config only.
 """
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials, read_linear_state
 from lola.engine.state import LayerState
 from lola.kernels import decode_step, softmax_partial
+from lola.kernels.ragged import RaggedSlots
 from lola.memory.base import QueryBlock
 
 __all__ = ["READ_BYTES", "READ_BYTES_CPU", "DecodeRead", "SegmentReads", "observe_attention", "read_exact", "gather_tokens"]
@@ -56,6 +57,7 @@ class _Group:
     count: int  # queries per row (uniform rows) or the longest row's count
     active: torch.Tensor | None  # [B, count] bool, rows with fewer queries (packed rows only)
     slots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    ragged: RaggedSlots | None = None
     linear_state: tuple[torch.Tensor, torch.Tensor] | None = None
     exact: SoftmaxPartial | None = None
     linear: LinearPartial | None = None
@@ -100,7 +102,7 @@ class SegmentReads:
         group = _Group(query, start, longest, active)
         mem = self.memory
         if self.defer:
-            group.slots = mem.snapshot_exact()
+            group.slots, group.ragged = mem.snapshot_exact()
             group.linear_state = mem.linear.snapshot() if self.fq is not None else ()
             self._waiting.append(group)
             self._waiting_bytes += sum(t.numel() * t.element_size() for s in group.slots for t in s) + sum(
@@ -152,7 +154,10 @@ class SegmentReads:
         q = stack([g.query.q for g in groups])
         pos = stack([g.query.pos for g in groups], fill=-1)
         k, v, kpos = (torch.cat([_stack([g.slots[m][i] for g in groups]) for m in range(len(groups[0].slots))], dim=2) for i in range(3))
-        num, den, mx = softmax_partial(q, k, v, pos, kpos, self.scale, check=False)
+        ragged = groups[0].ragged
+        if ragged is not None:  # every group's run, folded into the batch as the dense slots
+            ragged = RaggedSlots(*(_stack([getattr(g.ragged, f) for g in groups]) for f in ("k", "v", "pos")), ragged.offsets)
+        num, den, mx = softmax_partial(q, k, v, pos, kpos, self.scale, ragged=ragged, check=False)
         if self.fq is not None:
             fq32 = stack([g.query.fq for g in groups]).float()
             H = _stack([g.linear_state[0] for g in groups])
@@ -164,7 +169,7 @@ class SegmentReads:
             rows, keep = slice(i * b, (i + 1) * b), g.count
             g.exact = SoftmaxPartial(num[rows, :, :keep], den[rows, :, :keep], mx[rows, :, :keep])
             g.linear = LinearPartial(lnum[rows, :, :keep], lden[rows, :, :keep]) if self.fq is not None else None
-            g.slots = g.linear_state = None
+            g.slots = g.linear_state = g.ragged = None
 
     def result(self) -> tuple[SoftmaxPartial, LinearPartial]:
         """Every query's partials ``[B, H, T, ·]`` in packed order; entries no group read (padding
@@ -228,7 +233,8 @@ class DecodeRead:
         block = self.memory.exact_slots()
         H, s = self.memory.linear.state if self.fq is not None else (None, None)
         fq = None if self.fq is None else self.fq[:, :, 0]
-        self._out = decode_step(self.q[:, :, 0], block.k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, check=False)
+        ragged = self.memory.ragged_slots()
+        self._out = decode_step(self.q[:, :, 0], block.k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, ragged=ragged, check=False)
 
     def result(self) -> torch.Tensor:
         """``[B, H, D]`` float32 outputs."""
@@ -245,7 +251,8 @@ def read_exact(state: LayerState, query: QueryBlock, keep_logits: bool) -> tuple
         # Stock slot stores: one kernel call over their concatenated slots (the merge of the
         # per-memory partials, computed at once).
         block = state.exact_slots()
-        return SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale, check=False)), []
+        ragged = state.ragged_slots()
+        return SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale, ragged=ragged, check=False)), []
     parts = [m.read(query, keep_logits) for m in mems]
     return merge_softmax_partials(parts), parts
 

@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 import torch
 
 from lola.engine.row_counts import RowCounts
+from lola.kernels.ragged import RaggedSlots
 from lola.engine.state_checks import StateLayout, check_row_index, check_state, layout_of
 from lola.memory.base import KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
@@ -124,7 +125,9 @@ class LayerState:
         self.validated_for: tuple | None = None  # (layer, parts) a layer last validated
         # The one buffer of the exact slots, [sinks | sparse | window]: the stock stores are
         # ranges of it (a custom store that keeps storage of its own stays outside).
-        self.slots = SlotBuffer([(m.name, m.capacity) for m in self.exact_memories if _binds(m)])
+        # A store with per-head sizes (the calibrated sparse cache) is held ragged: one run of
+        # each head's own slots, no head padded to the largest.
+        self.slots = SlotBuffer([(m.name, _widths(m)) for m in self.exact_memories if _binds(m)])
         for m in self.exact_memories:
             if _binds(m):
                 m.bind(self.slots)
@@ -183,8 +186,8 @@ class LayerState:
 
     def nbytes(self) -> int:
         """Bytes this layer's state holds (constant once allocated): the slot buffer, every slot
-        counted, empty or not (per-head sparse sizes give each head the largest head's slots:
-        :meth:`state_dict` saves them ragged), the linear state, the statistics and ``seen``."""
+        counted, empty or not (per-head sparse sizes: each head's own ``λ_h``, held ragged as
+        :meth:`state_dict` saves them), the linear state, the statistics and ``seen``."""
         if self.seen is None:
             return 0
         held = self.slots.nbytes() + self.seen.numel() * self.seen.element_size()
@@ -205,11 +208,14 @@ class LayerState:
         from lola.memory.allocation import check_allocation
 
         track = keeps_tallies(self.policy)
-        slots = {m.name: m.capacity for m in self.exact_memories}
+        widths = {m.name: _widths(m) for m in self.exact_memories}  # a ragged store holds Σ λ_h, not Hs · max λ_h
+        slots = {name: w if isinstance(w, int) else f"{sum(w)} over the heads" for name, w in widths.items()}
+        per_head = sum(w for w in widths.values() if isinstance(w, int))
+        ragged = sum(sum(w) for w in widths.values() if not isinstance(w, int))
         element = torch.empty((), dtype=dtype).element_size()
         per_slot = 2 * head_dim * element + 8 + (4 if track else 0)  # k, v, position, tally
         linear = num_heads * (feature_dim + 1) * head_dim * 4 + (num_heads * (1 + head_dim + head_dim * head_dim) * 4 if self.queries is not None else 0)
-        need = batch * (storage_heads * sum(slots.values()) * per_slot + linear)
+        need = batch * ((storage_heads * per_head + ragged) * per_slot + linear)
         sizes = " + ".join(f"{name} {n}" for name, n in slots.items())
         # A step builds out-of-place copies of the exact memories (the block it attends over, the
         # buffers of an update): room for the state and two working copies of it is asked for.
@@ -357,27 +363,34 @@ class LayerState:
         return [*self.exact_memories, self.linear, *([self.queries] if self.queries is not None else [])]
 
     def exact_slots(self) -> KVBlock:
-        """Every exact slot, ``[sinks | sparse | window]``, as one block: the slot buffer itself
-        (no copy) when it holds them all; with a custom store of its own, the stores' blocks
-        concatenated (a copy per call)."""
+        """The exact slots as one block, ``[sinks | sparse | window]``: the slot buffer itself
+        (no copy) when it holds them all (the slots of a store held ragged are not in it:
+        :meth:`ragged_slots`); with a custom store of its own, the stores' blocks concatenated
+        (a copy per call)."""
         if self.buffered:
             return self.slots.whole
         return KVBlock.cat([m.block for m in self.exact_memories if m.capacity])
 
-    def snapshot_exact(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The exact slots as they are now, ``(k, v, pos)`` per block, for a read deferred past
-        later writes: the buffer's next write copies instead of overwriting them
-        (:meth:`_release_snapshots` when the deferred reads are done)."""
+    def ragged_slots(self) -> RaggedSlots | None:
+        """The exact slots held ragged (per-head sparse sizes): each storage head's own range of
+        one run, read beside :meth:`exact_slots` (``None`` when none are, or the buffer does not
+        hold every store: :meth:`exact_slots` then holds them, padded)."""
+        return self.slots.ragged() if self.buffered else None
+
+    def snapshot_exact(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], RaggedSlots | None]:
+        """The exact slots as they are now, ``(k, v, pos)`` per block and the ragged run, for a
+        read deferred past later writes: the buffer's next write copies instead of overwriting
+        them (:meth:`release_snapshots` when the deferred reads are done)."""
         if self.buffered:
             w = self.slots.snapshot()
-            return [(w.k, w.v, w.pos)]
+            return [(w.k, w.v, w.pos)], self.slots.ragged()
         if self.slots.allocated:
             self.slots.snapshot()
-        return [(m.block.k, m.block.v, m.block.pos) for m in self.exact_memories if m.capacity]
+        return [(m.block.k, m.block.v, m.block.pos) for m in self.exact_memories if m.capacity], None
 
     def release_snapshots(self) -> None:
         """No deferred read holds the slots or the linear state any more: writes go in place again."""
-        self.slots.shared = False
+        self.slots.shared = self.slots.run_shared = False
         if getattr(self.linear, "snapshots", False):
             self.linear.shared = False
 
@@ -409,6 +422,13 @@ def _binds(memory: object) -> bool:
     """Whether ``memory`` keeps its slots in its composer's buffer (a stock store, or a subclass
     that reads and writes them only through ``block``)."""
     return getattr(memory, "binds", False) is True  # declared, not merely truthy (a method, a mock)
+
+
+def _widths(memory: object) -> int | list[int]:
+    """A bound store's region: its per-head sizes (``head_sizes``) when it declares that it may be
+    held ragged (``ragged``: its slots past a head's size are always empty), else its capacity."""
+    sizes = getattr(memory, "head_sizes", None)
+    return list(sizes) if getattr(memory, "ragged", False) is True and isinstance(sizes, (list, tuple)) else memory.capacity
 
 
 def _describe(part: object) -> str:

@@ -90,7 +90,8 @@ def page_layout(
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Each page's per-row shape and dtype: ``slots.k``, ``slots.v`` ``[Hs, N, D]`` (``dtype``),
     ``slots.pos`` ``[Hs, N]`` int64, ``slots.acc`` ``[Hs, N]`` float32 (policies that tally
-    attention or keep scores), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
+    attention or keep scores), with per-head sparse sizes their run ``ragged.k``, ``ragged.v``
+    ``[1, Σ λ_h, D]``, ``ragged.pos`` ``[1, Σ λ_h]`` (and ``ragged.acc``), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
     statistics' tensors (policies that read them) and, with ``seen``, ``seen`` ``[]`` int64."""
     _require_bindable(memory)
     n = memory.slots.width
@@ -101,6 +102,11 @@ def page_layout(
     }
     if keeps_tallies(memory.policy):
         out["slots.acc"] = ((storage_heads, n), torch.float32)
+    if memory.slots.ragged_name is not None:  # per-head sparse sizes: each head's own range of one run
+        run = memory.slots.offsets[-1]
+        out.update({"ragged.k": ((1, run, head_dim), dtype), "ragged.v": ((1, run, head_dim), dtype), "ragged.pos": ((1, run), torch.long)})
+        if keeps_tallies(memory.policy):
+            out["ragged.acc"] = ((1, run), torch.float32)
     out["linear.H"] = ((num_heads, feature_dim, head_dim), torch.float32)
     out["linear.s"] = ((num_heads, feature_dim), torch.float32)
     if memory.queries is not None:
@@ -171,6 +177,8 @@ def check_pages_content(pages: Mapping[str, torch.Tensor], rows: torch.Tensor, s
             if _overlap(pages[a], pages[b]):
                 raise ValueError(f"pages[{a!r}] and pages[{b!r}] share memory: every state component needs buffers of its own (one would overwrite the other)")
     pos = pages["slots.pos"].index_select(0, rows)  # [B, Hs, N]
+    if "ragged.pos" in pages:  # the ragged run's positions too: [B, Hs·N + run]
+        pos = torch.cat([pos.flatten(1), pages["ragged.pos"].index_select(0, rows).flatten(1)], dim=1)
     held = pos.flatten(1).amax(dim=1) if pos[0].numel() else torch.full_like(seen, EMPTY)
     low = pos.flatten(1).amin(dim=1) if pos[0].numel() else torch.full_like(seen, EMPTY)
     bad = (held >= seen) | (low < EMPTY)  # a negative seen fails the first: every position is >= -1
@@ -228,9 +236,11 @@ def bind(memory: LayerState, pages: Mapping[str, torch.Tensor], rows: torch.Tens
     def take(page: torch.Tensor) -> torch.Tensor:
         return page.narrow(0, start, rows.numel()) if start is not None else page.index_select(0, rows)
 
-    memory.slots.use(
-        KVBlock(take(pages["slots.k"]), take(pages["slots.v"]), take(pages["slots.pos"]), take(pages["slots.acc"]) if "slots.acc" in pages else None)
-    )
+    def block(prefix: str) -> KVBlock:
+        acc = pages.get(f"{prefix}.acc")
+        return KVBlock(take(pages[f"{prefix}.k"]), take(pages[f"{prefix}.v"]), take(pages[f"{prefix}.pos"]), None if acc is None else take(acc))
+
+    memory.slots.use(block("slots"), block("ragged") if "ragged.k" in pages else None)
     memory.linear.H, memory.linear.s, memory.linear.shared = take(pages["linear.H"]), take(pages["linear.s"]), False
     if memory.queries is not None:
         name = memory.queries.name
@@ -247,6 +257,11 @@ def _live(memory: LayerState) -> dict[str, torch.Tensor]:
     out = {"slots.k": w.k, "slots.v": w.v, "slots.pos": w.pos, "linear.H": memory.linear.H, "linear.s": memory.linear.s}
     if w.acc is not None:
         out["slots.acc"] = w.acc
+    r = memory.slots.run
+    if r is not None:
+        out.update({"ragged.k": r.k, "ragged.v": r.v, "ragged.pos": r.pos})
+        if r.acc is not None:
+            out["ragged.acc"] = r.acc
     if memory.queries is not None:
         out.update({f"{memory.queries.name}.{f}": getattr(memory.queries, f) for f in ("n", "sum", "sq")})
     out["seen"] = memory.seen

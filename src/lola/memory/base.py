@@ -278,9 +278,13 @@ class ExactStore:
     def bind(self, slots: SlotBuffer) -> None:
         """Keep the slots in ``slots`` (a range named :attr:`name`, ``capacity`` wide), the
         buffer its composer owns; allocation is then the composer's."""
-        start, stop = slots.regions.get(self.name, (0, -1))
-        if stop - start != self.capacity:
-            raise ValueError(f"{slots!r} has no range of {self.capacity} slots named {self.name!r}")
+        if slots.ragged_name == self.name:  # per-head widths: this store's head_sizes
+            if list(slots.head_widths) != list(getattr(self, "head_sizes", None) or []):
+                raise ValueError(f"{slots!r} has no ragged region of {getattr(self, 'head_sizes', None)} slots per head named {self.name!r}")
+        else:
+            start, stop = slots.regions.get(self.name, (0, -1))
+            if stop - start != self.capacity:
+                raise ValueError(f"{slots!r} has no range of {self.capacity} slots named {self.name!r}")
         self._slots, self._own = slots, None
 
     def _writes_in_place(self) -> bool:

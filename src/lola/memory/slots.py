@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from lola.kernels.ragged import RaggedSlots
 from lola.memory.blocks import EMPTY, KVBlock
 
 __all__ = ["SlotBuffer"]
@@ -30,18 +31,31 @@ class SlotBuffer:
         regions: ``(name, width)`` of each memory's range, in slot order.
     """
 
-    def __init__(self, regions: list[tuple[str, int]]) -> None:
+    def __init__(self, regions: list[tuple[str, int | list[int]]]) -> None:
         self.regions: dict[str, tuple[int, int]] = {}
+        self.ragged_name: str | None = None  # the region held ragged (per-head widths), if any
+        self.head_widths: tuple[int, ...] = ()
         start = 0
         for name, width in regions:
-            if name in self.regions:
+            if name in self.regions or name == self.ragged_name:
                 raise ValueError(f"two memories are named {name!r}: a layer's memories need distinct names")
+            if isinstance(width, (list, tuple)):
+                if self.ragged_name is not None:
+                    raise ValueError(f"one region may have per-head widths, got {self.ragged_name!r} and {name!r}")
+                if not width or min(int(w) for w in width) < 0:
+                    raise ValueError(f"region {name!r} needs one width >= 0 per storage head, got {list(width)}")
+                self.ragged_name, self.head_widths = name, tuple(int(w) for w in width)
+                continue
             self.regions[name] = (start, start + int(width))
             start += int(width)
         self.width = start
+        # Head h's slots of the ragged region are offsets[h]:offsets[h + 1] of one flat run per row.
+        self.offsets = tuple(int(x) for x in torch.tensor((0, *self.head_widths)).cumsum(0).tolist()) if self.ragged_name else ()
         self.whole: KVBlock | None = None  # the buffer's tensors (None before allocation)
-        self._views: dict[str, KVBlock] = {}
+        self.run: KVBlock | None = None  # the ragged region's run, [B, 1, Σ widths, ·] (None without one)
+        self._views: dict = {}
         self.shared = False  # a snapshot refers to the current tensors: the next write copies
+        self.run_shared = False  # the same for the ragged run
 
     @property
     def allocated(self) -> bool:
@@ -49,45 +63,91 @@ class SlotBuffer:
 
     def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, track_attention: bool) -> None:
         """Empty storage for ``batch`` rows and ``heads`` storage heads (every slot empty)."""
-        n = self.width
-        self.use(
-            KVBlock(
-                torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
-                torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
-                torch.full((batch, heads, n), EMPTY, dtype=torch.long, device=device),
-                torch.zeros(batch, heads, n, dtype=torch.float32, device=device) if track_attention else None,
-            )
-        )
+        if self.ragged_name is not None and heads != len(self.head_widths):
+            raise ValueError(f"region {self.ragged_name!r} has {len(self.head_widths)} per-head widths for {heads} storage heads")
+        self.use(_empty(batch, heads, self.width, head_dim, dtype, device, track_attention), _empty(batch, 1, self.offsets[-1], head_dim, dtype, device, track_attention) if self.ragged_name else None)
 
     def reset(self) -> None:
         """Free the storage (the next allocation starts afresh)."""
-        self.whole = None
+        self.whole = self.run = None
         self._views = {}
-        self.shared = False
+        self.shared = self.run_shared = False
 
-    def use(self, whole: KVBlock) -> None:
-        """Hold ``whole``'s tensors as the buffer (fresh storage, or a server's pages)."""
-        self.whole = whole
+    def use(self, whole: KVBlock, run: KVBlock | None = None) -> None:
+        """Hold ``whole``'s tensors as the buffer (fresh storage, or a server's pages), and ``run``'s
+        as the ragged region's run ``[B, 1, Σ widths, ·]`` (required with a ragged region)."""
+        if (run is None) != (self.ragged_name is None):
+            raise ValueError(f"{self!r} needs {'a' if self.ragged_name else 'no'} ragged run")
+        self.whole, self.run = whole, run
         self._views = {}
-        self.shared = False
+        self.shared = self.run_shared = False
+
+    @property
+    def heads(self) -> int:
+        return self.whole.pos.shape[1]
+
+    def ragged(self) -> RaggedSlots | None:
+        """The ragged region's slots for the exact-attention kernels (views of the run), or ``None``."""
+        if self.run is None:
+            return None
+        r = self.run
+        return RaggedSlots(r.k[:, 0], r.v[:, 0], r.pos[:, 0], self.offsets)
+
+    def _padded_index(self, device: torch.device) -> torch.Tensor:
+        """``[Σ widths]`` int64: where each slot of the run sits in the padded view flattened over
+        ``(head, slot)``: head ``h``'s ``r``-th slot (run index ``offsets[h] + r``) at ``h · W + r``."""
+        key = ("index", str(device))
+        found = self._views.get(key)
+        if found is None:
+            w = max(self.head_widths)
+            flat = [h * w + r for h, width in enumerate(self.head_widths) for r in range(width)]
+            found = self._views[key] = torch.tensor(flat, dtype=torch.long, device=device)
+        return found
 
     def view(self, name: str) -> KVBlock:
         """Memory ``name``'s slots, ``[B, Hs, width, ·]`` views of the buffer (the same objects
-        until the buffer's tensors are replaced). Read them; write through :meth:`write`."""
+        until the buffer's tensors are replaced). Read them; write through :meth:`write`.
+
+        The ragged region's block is padded to its widest head (slots past a head's width
+        empty): a copy of the run, kept until the next write."""
         found = self._views.get(name)
         if found is None:
             if self.whole is None:
                 raise RuntimeError("SlotBuffer is not allocated yet")
+            if name == self.ragged_name:
+                found = self._views[name] = self._unpack()
+                return found
             a, b = self.regions[name]
             w = self.whole
             found = KVBlock(w.k[:, :, a:b], w.v[:, :, a:b], w.pos[:, :, a:b], None if w.acc is None else w.acc[:, :, a:b])
             self._views[name] = found
         return found
 
+    def _unpack(self) -> KVBlock:
+        r, hs, w = self.run, len(self.head_widths), max(self.head_widths)
+        flat = self._padded_index(r.k.device)
+        b = r.k.shape[0]
+
+        def spread(t: torch.Tensor, fill: float) -> torch.Tensor:
+            out = t.new_full((b, hs * w, *t.shape[3:]), fill)
+            return out.index_copy(1, flat, t[:, 0]).view(b, hs, w, *t.shape[3:])
+
+        return KVBlock(spread(r.k, 0), spread(r.v, 0), spread(r.pos, EMPTY), None if r.acc is None else spread(r.acc, 0))
+
+    def _pack(self, block: KVBlock) -> KVBlock:
+        """The run of ``block [B, Hs, W, ·]``'s first ``width_h`` slots of each head (those past
+        a head's width are empty by the region's contract: the sparse cache keeps ``λ_h``)."""
+        flat = self._padded_index(block.pos.device)
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.flatten(1, 2).index_select(1, flat).unsqueeze(1)
+
+        return KVBlock(pick(block.k), pick(block.v), pick(block.pos), pick(block.acc))
+
     def snapshot(self) -> KVBlock:
         """The whole buffer as it is now, kept intact: the next write replaces the tensors
-        instead of writing into them."""
-        self.shared = True
+        instead of writing into them (:meth:`ragged` taken now is kept intact too)."""
+        self.shared = self.run_shared = True
         return self.whole
 
     def write(self, name: str, block: KVBlock) -> None:
@@ -104,7 +164,10 @@ class SlotBuffer:
         changed = [f for f in fields if getattr(block, f) is not getattr(view, f)]
         if not changed:
             return
-        if not self.writes_in_place():
+        if name == self.ragged_name:
+            self._write_run(block, changed)
+            return
+        if self.shared or torch.is_grad_enabled():
             # Every field is replaced (the unchanged ones cloned): neither a snapshot nor a tensor
             # autograd saved may see the in-place writes that follow.
             a, b = self.regions[name]
@@ -116,28 +179,52 @@ class SlotBuffer:
                     new[f] = None if old is None else old.clone()
                 else:
                     new[f] = torch.slice_scatter(old, getattr(block, f).to(old.dtype), dim=2, start=a, end=b)
-            self.use(KVBlock(**new))
+            self.whole, self.shared = KVBlock(**new), False
+            self._views = {k: v for k, v in self._views.items() if k == self.ragged_name or isinstance(k, tuple)}
             return
         for f in changed:
             getattr(view, f).copy_(getattr(block, f))
+
+    def _write_run(self, block: KVBlock, changed: list[str]) -> None:
+        packed = self._pack(block)
+        r = self.run
+        if not self.run_shared and not torch.is_grad_enabled():
+            for f in changed:
+                getattr(r, f).copy_(getattr(packed, f))
+        else:  # copy-on-write, as the buffer's ranges
+            new = {}
+            for f in ("k", "v", "pos", "acc"):
+                old = getattr(r, f)
+                new[f] = None if old is None else (getattr(packed, f).to(old.dtype) if f in changed else old.clone())
+            self.run, self.run_shared = KVBlock(**new), False
+        self._views.pop(self.ragged_name, None)
 
     def writes_in_place(self) -> bool:
         """Whether a memory may write into its view directly: no snapshot holds the buffer, and
         autograd is off (with it on, a read of the slots may have been saved for backward: a
         query that needs gradients reads them, whatever else does; inference runs under
         ``torch.no_grad`` or ``torch.inference_mode``)."""
-        return not self.shared and not torch.is_grad_enabled()
+        return not self.shared and not self.run_shared and not torch.is_grad_enabled()
 
     def nbytes(self) -> int:
-        """Bytes held (every slot, empty or not)."""
-        if self.whole is None:
-            return 0
-        w = self.whole
-        return sum(t.numel() * t.element_size() for t in (w.k, w.v, w.pos, w.acc) if t is not None)
+        """Bytes held (every slot, empty or not; the ragged region's run, no padding)."""
+        return sum(t.numel() * t.element_size() for blk in (self.whole, self.run) if blk is not None for t in (blk.k, blk.v, blk.pos, blk.acc) if t is not None)
 
     def __getstate__(self) -> dict:
         # copies (deepcopy, pickle) rebuild their views from their own tensors
         return {**self.__dict__, "_views": {}}
 
     def __repr__(self) -> str:
-        return f"SlotBuffer({', '.join(f'{n}={b - a}' for n, (a, b) in self.regions.items())})"
+        parts = [f"{n}={b - a}" for n, (a, b) in self.regions.items()]
+        if self.ragged_name:
+            parts.append(f"{self.ragged_name}={list(self.head_widths)}")
+        return f"SlotBuffer({', '.join(parts)})"
+
+
+def _empty(batch: int, heads: int, n: int, head_dim: int, dtype: torch.dtype, device: torch.device, track_attention: bool) -> KVBlock:
+    return KVBlock(
+        torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
+        torch.zeros(batch, heads, n, head_dim, dtype=dtype, device=device),
+        torch.full((batch, heads, n), EMPTY, dtype=torch.long, device=device),
+        torch.zeros(batch, heads, n, dtype=torch.float32, device=device) if track_attention else None,
+    )

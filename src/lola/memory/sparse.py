@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lola.memory.base import EMPTY, ExactStore, KVBlock
+from lola.memory.base import EMPTY, ExactStore, KVBlock, drop_unless_declared
 
 __all__ = ["SparseCache"]
 
@@ -16,10 +16,11 @@ class SparseCache(ExactStore):
     older than any query that reads it.
 
     With one size per storage head (calibrated budgets: retrieval heads get most slots,
-    streaming heads none), every head has ``max λ_h`` slots and head ``h`` fills only its
-    first ``λ_h`` (the others stay empty): the slots are one range of the layer's buffer, read
-    with the window's in one call. The saved state is *ragged*: one run of ``Σ λ_h`` slots per
-    row (:meth:`state_dict`), so what is saved or shipped holds the budget's bytes.
+    streaming heads none), :attr:`block` has ``max λ_h`` slots per head and head ``h`` fills
+    only its first ``λ_h`` (the others stay empty). A composer holds them *ragged* (``ragged``):
+    one run of ``Σ λ_h`` slots per row, each head's own range, read beside the other exact
+    slots by the same kernel call; the saved state is that run (:meth:`state_dict`), so what is
+    held, saved or shipped is the budget's bytes.
 
     Args:
         size: ``λ``, the number of slots per (row, storage head); or one size per storage head
@@ -27,6 +28,13 @@ class SparseCache(ExactStore):
     """
 
     name = "sparse"
+    #: Declared capability: with per-head sizes, head ``h``'s slots past ``λ_h`` are always empty, so
+    #: a composer may hold only each head's own ``λ_h`` (one ragged run, no head padded).
+    ragged = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        drop_unless_declared(cls, "ragged", ("select", "block", "observe_attention"))  # may fill past λ_h
 
     def __init__(self, size: int | list[int]) -> None:
         sizes = [int(x) for x in size] if isinstance(size, (list, tuple)) else [int(size)]

@@ -19,8 +19,8 @@ from typing import Callable, Mapping
 import torch
 
 from lola.engine.row_counts import RowCounts
-from lola.kernels.ragged import RaggedSlots
 from lola.engine.state_checks import StateLayout, check_row_index, check_state, layout_of
+from lola.kernels.ragged import RaggedSlots
 from lola.memory.base import KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
 from lola.memory.query_stats import QueryStatistics

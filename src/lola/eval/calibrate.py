@@ -206,7 +206,8 @@ class CalibrateSpec(BaseModel):
 
     model: str = Field("smollm2-135m-instruct", description="registered name, .gguf file or Hugging Face folder")
     feature_maps: str | None = Field(
-        None, description="a `lola linearize` folder or shipped name: the heads of the model with its LoRA merged (the weights LoLA runs on); none: the stock model"
+        None,
+        description="a `lola linearize` folder or shipped name: the heads of the model with its LoRA merged (the weights LoLA runs on); none: the stock model",
     )
     length: StrictInt = Field(2048, ge=1, le=MAX_TOKENS, description="tokens per calibration prompt")
     prompts: StrictInt = Field(16, ge=1, le=100_000, description="calibration prompts")

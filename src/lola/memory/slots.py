@@ -65,7 +65,10 @@ class SlotBuffer:
         """Empty storage for ``batch`` rows and ``heads`` storage heads (every slot empty)."""
         if self.ragged_name is not None and heads != len(self.head_widths):
             raise ValueError(f"region {self.ragged_name!r} has {len(self.head_widths)} per-head widths for {heads} storage heads")
-        self.use(_empty(batch, heads, self.width, head_dim, dtype, device, track_attention), _empty(batch, 1, self.offsets[-1], head_dim, dtype, device, track_attention) if self.ragged_name else None)
+        self.use(
+            _empty(batch, heads, self.width, head_dim, dtype, device, track_attention),
+            _empty(batch, 1, self.offsets[-1], head_dim, dtype, device, track_attention) if self.ragged_name else None,
+        )
 
     def reset(self) -> None:
         """Free the storage (the next allocation starts afresh)."""

@@ -17,6 +17,7 @@ storage head ``h``'s cache: the same partials over both.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -79,8 +80,9 @@ def partials_with_ragged(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Partials over each storage head's dense slots and its own range of the ragged run.
 
-    One storage head at a time: its ``G`` query heads read its dense slots concatenated with
-    ``ragged`` slots ``offsets[h]:offsets[h + 1]`` (nothing padded).
+    Every query head scores the whole run, and the slots of other storage heads are masked
+    like empty ones: two products per read instead of one small read per storage head (the
+    fixed cost of a call dominates at these sizes on a CPU), and nothing padded is held.
 
     Args:
         q: ``[B, H, L, D]``; k, v: ``[B, Hs, N, D]``; q_pos: ``[B, L]`` or ``None`` (every
@@ -90,16 +92,29 @@ def partials_with_ragged(
     Returns:
         ``num [B, H, L, D]``, ``den [B, H, L]``, ``max [B, H, L]``, all fp32.
     """
-    Hs = k.shape[1]
-    G = q.shape[1] // Hs
-    o = ragged.offsets
-    parts = []
-    for h in range(Hs):
-        kh = torch.cat([k[:, h].float(), ragged.k[:, o[h] : o[h + 1]].float()], 1)[:, None]  # [B, 1, N + n, D]
-        vh = torch.cat([v[:, h].float(), ragged.v[:, o[h] : o[h + 1]].float()], 1)[:, None]
-        ph = torch.cat([k_pos[:, h], ragged.pos[:, o[h] : o[h + 1]].to(k_pos.dtype)], 1)[:, None]
-        parts.append(partials_from_logits(masked_logits(q[:, h * G : (h + 1) * G], kh, q_pos, ph, scale), vh))
-    return tuple(torch.cat(x, 1) for x in zip(*parts))
+    B, H, L, D = q.shape
+    Hs, N = k.shape[1], k.shape[2]
+    S = ragged.pos.shape[1]
+    G = H // Hs
+    dense = masked_logits(q, k, q_pos, k_pos, scale).view(B, Hs, G, L, N)
+    run = scale * (q.float().reshape(B, Hs, G * L, D) @ ragged.k.float().transpose(-1, -2)[:, None])  # [B, Hs, G*L, S]
+    rp = ragged.pos[:, None, None, None, :]  # [B, 1, 1, 1, S]
+    visible = (_slot_heads(tuple(ragged.offsets), q.device) == torch.arange(Hs, device=q.device)[:, None])[None, :, None, None, :] & (rp >= 0)
+    if q_pos is not None:
+        visible = visible & (rp <= q_pos[:, None, None, :, None])
+    run = run.view(B, Hs, G, L, S).masked_fill(~visible, float("-inf"))
+    s = torch.cat([dense, run], dim=-1).view(B, Hs, G * L, N + S)
+    m = s.amax(-1) if N + S > 0 else s.new_full(s.shape[:-1], float("-inf"))
+    p = torch.exp(s - m.clamp_min(torch.finfo(torch.float32).min)[..., None])  # as partials_from_logits
+    num = p[..., :N] @ v.float() + p[..., N:] @ ragged.v.float()[:, None]
+    return num.reshape(B, H, L, D), p.sum(-1).reshape(B, H, L), m.reshape(B, H, L)
+
+
+@functools.lru_cache(maxsize=256)
+def _slot_heads(offsets: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``[S]`` int64: the storage head owning each slot of a run with these offsets."""
+    widths = torch.tensor([b - a for a, b in zip(offsets, offsets[1:])])
+    return torch.repeat_interleave(torch.arange(len(widths)), widths).to(device)
 
 
 def softmax_partial(

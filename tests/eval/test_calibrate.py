@@ -87,20 +87,11 @@ def test_cli_calibrates_the_weights_a_linearized_model_attends_with(tmp_path):
     # --feature-maps merges the folder's LoRA adapters before the heads are scored: the scores
     # equal those of the merged model by hand, and differ from the stock model's.
     from lola import models
-    from lola.pretrained.folder import read_feature_maps, write_feature_maps
-    from lola.pretrained.lora import LoraSpec, merge_lora
-    from tests.hostile.common import write_random_maps
+    from lola.pretrained.lora import merge_lora
+    from tests.hostile.common import write_maps_with_lora
 
-    write_random_maps(tmp_path / "maps")
-    maps = read_feature_maps(tmp_path / "maps")
+    lora, spec = write_maps_with_lora(tmp_path / "lin", "q_proj", seed=5)
     model, tok = models.tiny_random()
-    g = torch.Generator().manual_seed(5)
-    lora = {}
-    for i in range(2):
-        w = model.model.layers[i].self_attn.q_proj.weight
-        lora[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight"] = torch.randn(2, w.shape[1], generator=g)
-        lora[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight"] = torch.randn(w.shape[0], 2, generator=g)
-    write_feature_maps(tmp_path / "lin", maps.tensors, maps.config, maps.geometry, lora=lora, lora_spec=LoraSpec(rank=2, alpha=4.0))
     out = tmp_path / "budgets.json"
     argv = ["calibrate", "--model", "tiny-random-llama", "--length", "300", "--prompts", "2", "--sparse-size", "8"]
     assert main([*argv, "--feature-maps", str(tmp_path / "lin"), "--out", str(out)]) == 0
@@ -108,7 +99,7 @@ def test_cli_calibrates_the_weights_a_linearized_model_attends_with(tmp_path):
     assert data["source"]["feature_maps"] == str(tmp_path / "lin") and "--feature-maps" in data["source"]["command"]
     prompts = calibration_prompts(tok, 300, 2)
     stock = retrieval_scores(model, prompts)
-    merge_lora(model, lora, LoraSpec(rank=2, alpha=4.0))
+    merge_lora(model, lora, spec)
     merged = retrieval_scores(model, prompts)
     torch.testing.assert_close(torch.tensor(data["scores"]), merged, atol=2e-6, rtol=0)
     assert (merged - stock).abs().max() > 1e-3

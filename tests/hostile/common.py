@@ -225,6 +225,27 @@ def edit_cache(folder: Path, tensors: Callable[[dict], None] | None = None, meta
 # -- feature-map folders --------------------------------------------------------------------------
 
 
+def write_maps_with_lora(folder: Path, projection: str, seed: int) -> tuple[dict[str, torch.Tensor], object]:
+    """A `lola linearize` folder for the tiny random Llama: random maps and rank-2 LoRA adapters
+    of ``projection`` (``"q_proj"``, ``"k_proj"``, …) in every layer; returns ``(lora, spec)``
+    for :func:`lola.pretrained.lora.merge_lora`."""
+    from lola.models import tiny_random
+    from lola.pretrained.folder import read_feature_maps, write_feature_maps
+    from lola.pretrained.lora import LoraSpec
+
+    maps = read_feature_maps(write_random_maps(folder.parent / f"{folder.name}-maps"))
+    model, _ = tiny_random()
+    g = torch.Generator().manual_seed(seed)
+    lora = {}
+    for i, layer in enumerate(model.model.layers):
+        w = getattr(layer.self_attn, projection).weight
+        lora[f"base_model.model.model.layers.{i}.self_attn.{projection}.lora_A.weight"] = torch.randn(2, w.shape[1], generator=g)
+        lora[f"base_model.model.model.layers.{i}.self_attn.{projection}.lora_B.weight"] = torch.randn(w.shape[0], 2, generator=g)
+    spec = LoraSpec(rank=2, alpha=4.0)
+    write_feature_maps(folder, maps.tensors, maps.config, maps.geometry, lora=lora, lora_spec=spec)
+    return lora, spec
+
+
 def write_random_maps(folder: Path, seed: int = 0, f: int = 8, **kwargs) -> Path:
     """A valid feature-map folder for the tiny random Llama (random Hedgehog maps of size ``f``)."""
     from lola.models import tiny_random

@@ -157,20 +157,11 @@ def test_the_command_fits_a_tiny_model(text_file, tmp_path, capsys):
 
 def test_the_command_fits_a_linearized_model_to_its_lora_merged_attention(text_file, tmp_path):
     from lola.cli import main
-    from lola.pretrained.folder import read_feature_maps, write_feature_maps
-    from lola.pretrained.lora import LoraSpec, merge_lora
-    from tests.hostile.common import write_random_maps
+    from lola.pretrained.lora import merge_lora
+    from tests.hostile.common import write_maps_with_lora
 
-    write_random_maps(tmp_path / "maps")
-    maps = read_feature_maps(tmp_path / "maps")
+    lora, spec = write_maps_with_lora(tmp_path / "lin", "k_proj", seed=3)
     model, tok = models.tiny_random()
-    g = torch.Generator().manual_seed(3)
-    lora = {}
-    for i in range(2):
-        w = model.model.layers[i].self_attn.k_proj.weight
-        lora[f"base_model.model.model.layers.{i}.self_attn.k_proj.lora_A.weight"] = torch.randn(2, w.shape[1], generator=g)
-        lora[f"base_model.model.model.layers.{i}.self_attn.k_proj.lora_B.weight"] = torch.randn(w.shape[0], 2, generator=g)
-    write_feature_maps(tmp_path / "lin", maps.tensors, maps.config, maps.geometry, lora=lora, lora_spec=LoraSpec(rank=2, alpha=4.0))
     argv = [
         "--model",
         "tiny-random-llama",
@@ -188,7 +179,7 @@ def test_the_command_fits_a_linearized_model_to_its_lora_merged_attention(text_f
         "16",
     ]
     assert main(["fit-scorer", *argv, "--out", str(tmp_path / "lin.safetensors"), "--feature-maps", str(tmp_path / "lin")]) == 0
-    merge_lora(model, lora, LoraSpec(rank=2, alpha=4.0))
+    merge_lora(model, lora, spec)
     spec = tiny_spec(text_file, feature_maps=str(tmp_path / "lin"))
     by_hand = fit_scorer(model, tok, spec, tmp_path / "hand.safetensors", progress=False)
     stock = fit_scorer(models.tiny_random()[0], tok, tiny_spec(text_file), tmp_path / "stock.safetensors", progress=False)

@@ -139,3 +139,31 @@ def test_the_checks_a_memory_declares_are_the_ones_applied():
     custom, saved = _layer(OwnAppend, OwnWrite)
     check_state(negative_s(saved), custom.new_state())
     check_state(window_with_a_gap(saved), custom.new_state())
+
+
+def test_a_ragged_sparse_run_may_hold_one_token_in_two_heads():
+    """A saved sparse cache with per-head sizes is one run ``[B, 1, Σ λ_h]``: two heads keeping the
+    same token is no repeat (each head's range is checked on its own), a token twice in one
+    head's range is."""
+    import lola
+
+    cfg = lola.LoLAConfig(window=4, chunk=4, sparse_size_per_head=[4, 1], sinks=1)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    found = False
+    for seed in range(8):
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(2, 20, n, 8, generator=g) for n in (4, 2, 2))
+        with torch.no_grad():
+            _, state = attn(q, k, v)
+        saved = state.state_dict()
+        pos = saved["sparse.pos"]
+        shared = (pos[:, 0, 4:5] >= 0) & (pos[:, 0, :4] == pos[:, 0, 4:5]).any(-1, keepdim=True)
+        attn.new_state().load_state_dict(saved)  # checked: no error
+        if bool(shared.any()):
+            found = True
+            bad = dict(saved, **{"sparse.pos": pos.clone()})
+            bad["sparse.pos"][:, 0, 1] = bad["sparse.pos"][:, 0, 0]
+            if bool((bad["sparse.pos"][:, 0, 0] >= 0).all()):
+                with pytest.raises(ValueError, match="held twice"):
+                    attn.new_state().load_state_dict(bad)
+    assert found, "no seed kept one token in both heads: the case is not exercised"

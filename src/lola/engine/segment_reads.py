@@ -105,9 +105,8 @@ class SegmentReads:
             group.slots, group.ragged = mem.snapshot_exact()
             group.linear_state = mem.linear.snapshot() if self.fq is not None else ()
             self._waiting.append(group)
-            self._waiting_bytes += sum(t.numel() * t.element_size() for s in group.slots for t in s) + sum(
-                t.numel() * t.element_size() for t in group.linear_state
-            )
+            held = [*(t for s in group.slots for t in s), *group.linear_state, *(group.ragged[:3] if group.ragged is not None else ())]
+            self._waiting_bytes += sum(t.numel() * t.element_size() for t in held)
             if self._waiting_bytes >= (READ_BYTES_CPU if self.q.device.type == "cpu" else READ_BYTES):
                 self.flush()
         else:

@@ -425,10 +425,11 @@ def _binds(memory: object) -> bool:
 
 
 def _widths(memory: object) -> int | list[int]:
-    """A bound store's region: its per-head sizes (``head_sizes``) when it declares that it may be
-    held ragged (``ragged``: its slots past a head's size are always empty), else its capacity."""
+    """A store's slots per head: its per-head sizes (``head_sizes``) when the buffer holds it
+    (``binds``) ragged (``ragged``: its slots past a head's size are always empty), else its capacity."""
     sizes = getattr(memory, "head_sizes", None)
-    return list(sizes) if getattr(memory, "ragged", False) is True and isinstance(sizes, (list, tuple)) else memory.capacity
+    held_ragged = _binds(memory) and getattr(memory, "ragged", False) is True and isinstance(sizes, (list, tuple))
+    return list(sizes) if held_ragged else memory.capacity
 
 
 def _describe(part: object) -> str:

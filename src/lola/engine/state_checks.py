@@ -180,6 +180,7 @@ def check_state(state: dict[str, torch.Tensor], memory: CheckedState | None = No
     # store a memory per query head while the others store per K/V head).
     by_heads: dict[int, list[tuple[str, torch.Tensor]]] = {}
     for key, pos in positions:
+        pos = _per_head(pos, _head_sizes(memory, key))
         by_heads.setdefault(pos.shape[1], []).append((key, pos))
     for group in by_heads.values():
         every = torch.cat([pos for _, pos in group], dim=2)  # [B, Hs, all slots], -1 = empty
@@ -187,6 +188,31 @@ def check_state(state: dict[str, torch.Tensor], memory: CheckedState | None = No
         repeated = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] >= 0)
         if bool(repeated.any()):
             raise ValueError(f"a position is held twice in one row and storage head ({', '.join(k for k, _ in group)}): the state is damaged")
+
+
+def _head_sizes(memory: CheckedState | None, key: str) -> list[int] | None:
+    """The per-head sizes of the store whose positions are ``state[key]``, when it saves them as
+    one ragged run (``[B, 1, Σ λ_h]``), else ``None``."""
+    if memory is None:
+        return None
+    for m in memory.stateful_parts():
+        sizes = getattr(m, "head_sizes", None)
+        if key == f"{getattr(m, 'name', None)}.pos" and isinstance(sizes, (list, tuple)) and len(sizes) > 1:
+            return list(sizes)
+    return None
+
+
+def _per_head(pos: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+    """``pos [B, 1, Σ sizes]`` (a ragged run: head ``h``'s slots one after another) spread to
+    ``[B, len(sizes), max sizes]``, ``-1`` past each head's size; other positions as they are."""
+    if sizes is None or pos.shape[1] != 1 or pos.shape[2] != sum(sizes):
+        return pos
+    out = pos.new_full((pos.shape[0], len(sizes), max(sizes)), -1)
+    start = 0
+    for h, n in enumerate(sizes):
+        out[:, h, :n] = pos[:, 0, start : start + n]
+        start += n
+    return out
 
 
 def _check_window(state: dict[str, torch.Tensor], seen: torch.Tensor, memory: CheckedState) -> None:

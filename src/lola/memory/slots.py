@@ -81,6 +81,11 @@ class SlotBuffer:
         as the ragged region's run ``[B, 1, Σ widths, ·]`` (required with a ragged region)."""
         if (run is None) != (self.ragged_name is None):
             raise ValueError(f"{self!r} needs {'a' if self.ragged_name else 'no'} ragged run")
+        if run is not None and (whole.pos.shape[1] != len(self.head_widths) or tuple(run.pos.shape[1:]) != (1, self.offsets[-1])):
+            raise ValueError(
+                f"{self!r} holds {len(self.head_widths)} storage heads and a run of {self.offsets[-1]} slots per row, "
+                f"got {whole.pos.shape[1]} heads and a run of shape {tuple(run.pos.shape)}"
+            )
         self.whole, self.run = whole, run
         self._views = {}
         self.shared = self.run_shared = False
@@ -203,11 +208,12 @@ class SlotBuffer:
         self._views.pop(self.ragged_name, None)
 
     def writes_in_place(self) -> bool:
-        """Whether a memory may write into its view directly: no snapshot holds the buffer, and
+        """Whether a memory may write into its view of the dense buffer directly (the ragged run's
+        writes go through :meth:`write`, which asks its own flag): no snapshot holds the buffer, and
         autograd is off (with it on, a read of the slots may have been saved for backward: a
         query that needs gradients reads them, whatever else does; inference runs under
         ``torch.no_grad`` or ``torch.inference_mode``)."""
-        return not self.shared and not self.run_shared and not torch.is_grad_enabled()
+        return not self.shared and not torch.is_grad_enabled()
 
     def nbytes(self) -> int:
         """Bytes held (every slot, empty or not; the ragged region's run, no padding)."""

@@ -10,9 +10,8 @@ powers spread it more evenly), and :class:`HeadBudgets` carries the result as
     budgets = lola.budgets.load("smollm2-135m-instruct")
     cfg = budgets.apply(lola.LoLAConfig(window=60, sparse_size=192, sinks=4))
 
-The sparse caches of such a config save exactly ``Σ λ_h`` slots per row (a ragged saved state),
-so its saved exact-token bytes never exceed the uniform budget's; while running, every head
-holds the largest head's slots (``LoLAMemory.nbytes`` counts them).
+The sparse caches of such a config hold and save exactly ``Σ λ_h`` slots per row (one ragged
+run, each head its own range), so their exact-token bytes never exceed the uniform budget's.
 """
 
 from __future__ import annotations

@@ -32,10 +32,18 @@ def zscore(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Standardise ``scores [B, Hs, N]`` over the ``valid`` candidates of each (row, head);
     invalid entries become 0, constant scores become 0."""
     x = torch.where(valid, scores.float(), 0.0)
-    n = valid.sum(dim=-1, keepdim=True).clamp_min(1)
+    count = valid.sum(dim=-1, keepdim=True)
+    n = count.clamp_min(1)
     mean = x.sum(dim=-1, keepdim=True) / n
     var = (torch.where(valid, x - mean, 0.0) ** 2).sum(dim=-1, keepdim=True) / n
-    return torch.where(valid, (x - mean) / var.sqrt().clamp_min(1e-12), 0.0)
+    z = (x - mean) / var.sqrt().clamp_min(1e-12)
+    # Two candidates standardise to ±1 whatever their gap: set exactly, by comparison. Computed,
+    # they are ±1 up to rounding, so two parts that disagree would fuse to a tie decided by
+    # rounding noise, which differs between a prefill in one call and the same tokens split.
+    high = torch.where(valid, x, float("-inf")).amax(dim=-1, keepdim=True)
+    low = torch.where(valid, x, float("inf")).amin(dim=-1, keepdim=True)
+    pair = torch.where(high == low, 0.0, torch.where(x == high, 1.0, -1.0))
+    return torch.where(valid, torch.where(count == 2, pair, z), 0.0)
 
 
 class _Composite:

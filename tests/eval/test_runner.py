@@ -220,9 +220,14 @@ def test_summary_has_wilson_intervals():
 
 
 def test_auto_budgets_are_the_models_shipped_ones():
-    # The default: calibrated budgets for a model that has them, uniform for any other.
-    shipped = method_configs(NiahRun(methods=["lola"], policies=["sre"]))["lola-sre"]
-    assert shipped.for_layer(17).sparse_size_per_head == lola.budgets.load("smollm2-135m-instruct").sparse_size_per_head[17]
+    # The default: calibrated budgets for a model that has them (those of its linearized maps when
+    # the run applies them), uniform for any other.
+    from lola.pretrained.resolve import maps_budgets
+
+    stock = method_configs(NiahRun(methods=["lola"], policies=["sre"], feature_maps="none"))["lola-sre"]
+    assert stock.for_layer(17).sparse_size_per_head == lola.budgets.load("smollm2-135m-instruct").sparse_size_per_head[17]
+    linearized = method_configs(NiahRun(methods=["lola"], policies=["sre"]))["lola-sre"]
+    assert linearized.for_layer(17).sparse_size_per_head == maps_budgets("smollm2-135m-instruct").sparse_size_per_head[17]
     other = method_configs(NiahRun(model="some/other-model", methods=["lola"]))["lola-sre"]
     assert other.layer_overrides == {} and other.sparse_size == 192
     uniform = method_configs(NiahRun(methods=["lola"], policies=["sre"], budgets="uniform"))["lola-sre"]

@@ -55,3 +55,66 @@ def test_a_folder_without_read_defaults_reads_as_before(folder):
 def test_bad_read_defaults_are_refused_naming_the_file_and_field(folder, tmp_path, read, match):
     with pytest.raises(ValueError, match=rf"lola_config.json: {match}"):
         read_feature_maps(_with_read(folder, tmp_path, read))
+
+
+# -- budgets calibrated for the maps: what budgets="auto" applies with them ------------------------
+
+
+def _budgets_for(geometry, sizes_of_layer):
+    from lola.budgets import HeadBudgets
+
+    layers, heads = geometry["num_layers"], geometry["num_kv_heads"]
+    sizes = [[sizes_of_layer(i, h) for h in range(heads)] for i in range(layers)]
+    uniform = -(-sum(map(sum, sizes)) // (layers * heads))
+    return HeadBudgets(sparse_size_per_head=sizes, uniform_sparse_size=uniform, scores=[[float(x) for x in row] for row in sizes], power=1.0)
+
+
+def test_auto_budgets_are_those_calibrated_for_the_maps(folder, tmp_path):
+    from lola.eval.perplexity import PerplexityRun, perplexity_configs
+    from lola.eval.runner import NiahRun, method_configs
+    from lola.integrations.lm_eval.model import lola_config_from_args
+    from lola.pretrained.resolve import resolve_budgets, resolve_config
+
+    geometry = read_feature_maps(folder).geometry
+    # every head of the last layer gets the cache: no allocation of the stock model's looks like it
+    budgets = _budgets_for(geometry, lambda i, h: 8 * (i == geometry["num_layers"] - 1))
+    maps_path = _with_read(folder, tmp_path, {"budgets": budgets.model_dump(mode="json")})
+    maps = read_feature_maps(maps_path)
+    assert maps.read.budgets == budgets
+    base = lola.LoLAConfig(sparse_size=budgets.uniform_sparse_size, window=8, sinks=0, chunk=8)
+    expected = budgets.apply(base)
+    # read maps, a folder, and (below) the commands that apply the maps later: the same budgets
+    assert resolve_budgets(base, "auto", "tiny-random-llama", maps) == expected
+    assert resolve_budgets(base, "auto", "tiny-random-llama", maps_path) == expected
+    assert resolve_config(base, model="tiny-random-llama", budgets="auto", maps_to_apply=str(maps_path)) == expected
+    # uniform, named budgets and configs with sizes of their own are the caller's choice
+    assert resolve_budgets(base, "uniform", "tiny-random-llama", maps) is base
+    own = lola.LoLAConfig(sparse_size_per_head=[1, 2])
+    assert resolve_budgets(own, "auto", "tiny-random-llama", maps) is own
+    assert resolve_budgets(base, "auto", "tiny-random-llama", folder) is base  # maps without budgets, no shipped ones for the model
+    fields = dict(window=8, sparse_size=budgets.uniform_sparse_size, sinks=0, chunk=8)
+    niah = method_configs(NiahRun(model="tiny-random-llama", methods=["lola"], policies=["sre"], feature_maps=str(maps_path), **fields))["lola-sre"]
+    ppl = perplexity_configs(PerplexityRun(model="tiny-random-llama", methods=["lola"], feature_maps=str(maps_path), budgets="auto", **fields))["lola"]
+    assert niah.layer_overrides == ppl.layer_overrides == expected.layer_overrides
+    lm_eval, _ = lola_config_from_args(
+        {k: v for k, v in niah.model_dump(exclude_unset=True).items() if k != "layer_overrides"}, model_name="tiny-random-llama", feature_maps=str(maps_path)
+    )
+    assert lm_eval.layer_overrides == expected.layer_overrides
+    # and the layers hold those sizes
+    model, _ = tiny_random()
+    lola.apply_lola(model, niah, feature_maps=maps)
+    last = model._lola.config.for_layer(geometry["num_layers"] - 1)
+    assert (
+        last.sparse_size_per_head == [8] * geometry["num_kv_heads"] and model._lola.config.for_layer(0).sparse_size_per_head == [0] * geometry["num_kv_heads"]
+    )
+
+
+def test_budgets_for_another_geometry_are_refused_naming_the_entry(folder, tmp_path):
+    geometry = read_feature_maps(folder).geometry
+    wrong = _budgets_for({**geometry, "num_layers": geometry["num_layers"] + 1}, lambda i, h: 4)
+    with pytest.raises(ValueError, match=r"lola_config.json: read.budgets: budgets for \d+ layers"):
+        read_feature_maps(_with_read(folder, tmp_path, {"budgets": wrong.model_dump(mode="json")}))
+    from lola.pretrained.folder import read_defaults
+
+    with pytest.raises(ValueError, match=r"read.budgets"):
+        read_defaults(tmp_path / "maps")

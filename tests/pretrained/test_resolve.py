@@ -88,7 +88,7 @@ def test_niah_and_the_lm_eval_model_resolve_budgets_alike():
     from lola.integrations.lm_eval.model import lola_config_from_args
 
     for gqa_storage in ("kv_head", "query_head"):
-        run = NiahRun(model=SHIPPED, methods=["lola"], policies=["sre"], gqa_storage=gqa_storage)
+        run = NiahRun(model=SHIPPED, methods=["lola"], policies=["sre"], gqa_storage=gqa_storage, feature_maps="none")  # the stock model's budgets
         niah = method_configs(run)["lola-sre"]
         fields = niah.model_dump(exclude_unset=True)
         fields.pop("layer_overrides", None)
@@ -107,7 +107,7 @@ def test_niah_perplexity_and_the_lm_eval_model_resolve_one_config_alike():
     from lola.integrations.lm_eval.model import lola_config_from_args
 
     for budgets in ("auto", "uniform"):
-        niah = method_configs(NiahRun(model=SHIPPED, methods=["lola"], policies=["sre"], budgets=budgets))["lola-sre"]
+        niah = method_configs(NiahRun(model=SHIPPED, methods=["lola"], policies=["sre"], budgets=budgets, feature_maps="none"))["lola-sre"]
         ppl = perplexity_configs(PerplexityRun(model=SHIPPED, methods=["lola"], window=niah.window, sparse_size=niah.sparse_size, budgets=budgets))["lola"]
         assert ppl.layer_overrides == niah.layer_overrides, budgets
         fields = niah.model_dump(exclude_unset=True)
@@ -139,3 +139,23 @@ def test_resolve_config_applies_budgets_before_the_maps_decide_the_rule():
 def test_resolve_config_takes_read_feature_maps_only():
     with pytest.raises(TypeError, match="feature_maps must be read feature maps"):
         resolve_config(None, feature_maps="smollm2-135m-instruct")
+
+
+def test_the_shipped_linearized_maps_carry_budgets_of_their_own():
+    # calibrated on the adapted model (LoRA merged): its needles sit in other heads than the stock
+    # model's, so `lola niah`'s default run takes these, and the stock model keeps its own
+    from lola import budgets
+    from lola.eval.runner import NiahRun, default_lola_config, method_configs
+    from lola.pretrained.resolve import maps_budgets
+
+    own = maps_budgets(SHIPPED)
+    assert own is not None and own.sparse_size_per_head != budgets.load(SHIPPED).sparse_size_per_head
+    assert own.source["feature_maps"] == SHIPPED and own.source["length"] == 8192
+    configs = method_configs(NiahRun())  # the README's run: the shipped maps
+    stock = method_configs(NiahRun(feature_maps="none"))["lola-learned"]
+    for name in ("lola-sre", "lola-learned"):
+        sizes = [configs[name].for_layer(i).sparse_size_per_head for i in range(own.num_layers)]
+        assert sizes == own.sizes_for(configs[name].sparse_size), name
+    assert [stock.for_layer(i).sparse_size_per_head for i in range(own.num_layers)] == budgets.load(SHIPPED).sizes_for(stock.sparse_size)
+    assert "layer_overrides" not in method_configs(NiahRun())["hybrid"].model_fields_set  # no sparse cache, no budgets
+    assert default_lola_config(SHIPPED, feature_maps=SHIPPED).layer_overrides == configs["lola-sre"].layer_overrides

@@ -478,7 +478,7 @@ def _export(args: argparse.Namespace) -> int:
         with about("--config"):
             config = LoLAConfig(**_read_config(args.config))
     else:
-        config = default_lola_config(args.model, trained_maps=args.feature_maps is not None)
+        config = default_lola_config(args.model, trained_maps=args.feature_maps is not None, feature_maps=args.feature_maps)
     if args.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -104,10 +105,10 @@ class NiahRun(BaseModel):
     question: str | None = Field(None, description="question template with {key} (with --needle)")
     answer_prefix: str | None = Field(None, description="with a custom question: text that starts the answer, with {key}")
     # Calibrated budgets won the tournament at the same bytes, most of all on prose
-    # (docs/results.md, "Tournament at the same bytes"). "auto": the model's shipped budgets, else uniform.
+    # (docs/results.md, "Tournament at the same bytes"). "auto": those calibrated for the maps, else the model's shipped budgets, else uniform.
     budgets: str | None = Field(
         "auto",
-        description="sparse budgets of the lola method: auto (the model's shipped calibrated budgets where they apply, else uniform), uniform, a shipped name or a `lola calibrate` file",
+        description="sparse budgets of the lola method: auto (budgets calibrated for the feature maps, else the model's shipped ones, where they apply; else uniform), uniform, a shipped name or a `lola calibrate` file",
     )
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict, description="extra lola variants: name -> LoLAConfig fields (and 'budgets')")
 
@@ -243,15 +244,17 @@ class NiahRun(BaseModel):
         return self.sinks + self.window + self.sparse_size
 
 
-def default_lola_config(model: str, trained_maps: bool = True) -> LoLAConfig:
+def default_lola_config(model: str, trained_maps: bool = True, feature_maps: str | os.PathLike | None = None) -> LoLAConfig:
     """The ``lola`` method as ``lola niah`` runs it by default for ``model``: :class:`NiahRun`'s
-    window, sparse cache, sinks and chunk, the model's shipped budgets if it has any
-    (``budgets="auto"``); with ``trained_maps`` (``--feature-maps``) the rule is left for
-    :mod:`lola.pretrained.resolve` (the paper's), without them it is ``softmax_only``. Its policy is SRE
-    (repeats are not folded under it: :data:`FOLDED_POLICIES`)."""
+    window, sparse cache, sinks and chunk, and ``budgets="auto"`` (those calibrated for
+    ``feature_maps`` when they carry any, else the model's shipped budgets if it has any); with
+    ``trained_maps`` (``--feature-maps``) the rule is left for :mod:`lola.pretrained.resolve`
+    (the paper's), without them it is ``softmax_only``. Its policy is SRE (repeats are not folded
+    under it: :data:`FOLDED_POLICIES`)."""
     d = {name: field.default for name, field in NiahRun.model_fields.items()}
+    trained_maps = trained_maps or feature_maps is not None
     cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
-    return resolve_config(cfg, model=model, budgets=d["budgets"])
+    return resolve_config(cfg, model=model, budgets=d["budgets"], maps_to_apply=feature_maps)
 
 
 def check_budgets(run: NiahRun, model: Any) -> None:
@@ -368,7 +371,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             fields = policy_fields(policy, run)
             overrides = {**common, **decay, "policy_kwargs": fields["policy_kwargs"]}
             cfg = method_config("lola", policy=fields["policy"], **settings, overrides=overrides)
-            out[f"lola-{policy}"] = resolve_config(cfg, model=run.model, budgets=run.budgets)
+            out[f"lola-{policy}"] = resolve_config(cfg, model=run.model, budgets=run.budgets, maps_to_apply=run.feature_maps)
         for name, fields in run.variants.items():
             fields = dict(fields)
             budgets = fields.pop("budgets", None)
@@ -381,7 +384,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
             except (ValueError, TypeError) as err:
                 raise ValueError(f"variant {name!r}: {err}") from None
             try:
-                out[f"lola-{name}"] = resolve_config(cfg, model=run.model, budgets=budgets)
+                out[f"lola-{name}"] = resolve_config(cfg, model=run.model, budgets=budgets, maps_to_apply=run.feature_maps)
             except ValidationError as err:
                 raise ValueError(f"variants.{name}.budgets {budgets!r}: {validation_summary(err)}") from None
             except (ValueError, TypeError, OSError) as err:

@@ -61,7 +61,7 @@ class PerplexityRun(BaseModel):
     # sections before it) were measured with uniform sizes.
     budgets: str = Field(
         "uniform",
-        description="per-head sparse budgets of the lola method: uniform, auto (the model's shipped budgets), a shipped name or a `lola calibrate` file",
+        description="per-head sparse budgets of the lola method: uniform, auto (budgets calibrated for the feature maps, else the model's shipped ones), a shipped name or a `lola calibrate` file",
     )
     windows: StrictInt = Field(4, ge=1, le=1_000_000, description="held-out windows per length (at most)")
     generate: StrictInt = Field(
@@ -124,7 +124,7 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             overrides=(linear_state_options(run) if method == "lola" else None) or None,
         )
         # The per-head budgets redistribute the sparse cache: the lola method's alone.
-        configs[method] = resolve_config(cfg, model=run.model, budgets=run.budgets) if method == "lola" else cfg
+        configs[method] = resolve_config(cfg, model=run.model, budgets=run.budgets, maps_to_apply=run.feature_maps) if method == "lola" else cfg
     return configs
 
 

@@ -28,9 +28,11 @@ from typing import Annotated
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from lola.budgets import HeadBudgets
 from lola.config import LoLAConfig
 from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_LAYERS, MAX_TOKENS
 from lola.pretrained.lora import LORA_FILE, LoraSpec
+from lola.pretrained.mixing_rule import resolve_mixing
 from lola.pretrained.tensors import group_tensors
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "ReadDefaults",
     "folder_is_ours",
     "model_geometry",
+    "read_defaults",
     "read_feature_maps",
     "write_feature_maps",
 ]
@@ -78,6 +81,11 @@ class ReadDefaults(BaseModel):
             quantile of the share on the maps' own training text at their training length).
         linear_share_cap_from: the cap applies from this position on (the training length:
             reads inside it are left as trained).
+        budgets: per-head sparse budgets calibrated on the adapted model (``lola calibrate
+            --feature-maps``), or ``None``. Unlike the cap they do not depend on the rule: a run
+            that asks for ``budgets="auto"`` with these maps gets them in place of the stock
+            model's (:func:`lola.pretrained.resolve.resolve_budgets`); a rule of its own, uniform
+            or named budgets are the caller's choice.
         note: how the values were found (a command), for the reader.
     """
 
@@ -85,6 +93,7 @@ class ReadDefaults(BaseModel):
 
     linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+    budgets: HeadBudgets | None = None
     note: str = ""
 
 
@@ -120,8 +129,6 @@ class FeatureMaps:
         studies). Under the paper's rule the folder's :class:`ReadDefaults` fill the fields the
         caller left unset (``linear_share_cap=1.0`` turns a shipped cap off).
         """
-        from lola.pretrained.resolve import resolve_mixing
-
         update = {}
         for field in TRAINED_FIELDS:
             ours, theirs = getattr(self.config, field), getattr(config, field)
@@ -265,7 +272,7 @@ def read_feature_maps(folder: str | Path) -> FeatureMaps:
             raise FileNotFoundError(f"feature_maps folder {str(folder)!r} describes LoRA adapters but has no {LORA_FILE}")
         lora = _load(folder / LORA_FILE)
         _check_finite(lora, folder / LORA_FILE)
-    read = _description_read(meta, meta_path)
+    read = _description_read(meta, meta_path, geometry)
     tensors = _load(folder / FEATURE_MAPS_FILE)
     check_tensors(tensors, geometry, folder / FEATURE_MAPS_FILE)
     return FeatureMaps(config=config, geometry=geometry, tensors=tensors, path=str(folder), lora=lora, lora_spec=lora_spec, read=read)
@@ -354,8 +361,9 @@ def _description_geometry(meta: dict, path: Path) -> dict:
     return dict(geometry)
 
 
-def _description_read(meta: dict, path: Path) -> ReadDefaults | None:
-    """The optional ``read`` entry as a validated :class:`ReadDefaults`."""
+def _description_read(meta: dict, path: Path, geometry: dict) -> ReadDefaults | None:
+    """The optional ``read`` entry as a validated :class:`ReadDefaults` whose budgets, if any,
+    cover the layers and K/V heads of ``geometry``."""
     from pydantic import ValidationError
 
     from lola.config import validation_summary
@@ -363,9 +371,32 @@ def _description_read(meta: dict, path: Path) -> ReadDefaults | None:
     if meta.get("read") is None:
         return None
     try:
-        return ReadDefaults.model_validate(meta["read"])
+        read = ReadDefaults.model_validate(meta["read"])
     except ValidationError as err:
         raise ValueError(f"{path}: read: {validation_summary(err)}") from None
+    if read.budgets is not None:
+        try:
+            read.budgets.check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
+        except ValueError as err:
+            raise ValueError(f"{path}: read.budgets: {err}") from None
+    return read
+
+
+def read_defaults(folder: str | os.PathLike) -> ReadDefaults | None:
+    """The ``read`` entry of a feature-map folder or shipped name, without loading its tensors:
+    what :func:`lola.pretrained.resolve.resolve_budgets` asks of maps a run applies later.
+
+    Raises:
+        FileNotFoundError: the folder or its ``lola_config.json`` is missing.
+        ValueError: the description is not lola's, or its ``read`` entry is invalid (named).
+    """
+    from lola.pretrained.shipped import resolve_feature_maps
+
+    path = resolve_feature_maps(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"feature_maps {str(folder)!r} has no {CONFIG_FILE}: is it the --out folder of a finished `lola linearize` run?")
+    meta = _read_description(path)
+    return _description_read(meta, path, _description_geometry(meta, path))
 
 
 def _description_lora(meta: dict, path: Path) -> LoraSpec:

@@ -18,7 +18,8 @@ A rule the caller sets is always kept. :meth:`lola.pretrained.folder.FeatureMaps
 linearized=True)`` share it.
 
 The per-head sparse budgets a run asks for by name (``budgets="auto"``, a shipped name or a
-``lola calibrate`` file) are decided here too (:func:`resolve_budgets`), and
+``lola calibrate`` file) are decided here too (:func:`resolve_budgets`; ``"auto"`` prefers the
+budgets calibrated for the feature maps a run applies, then the model's shipped ones), and
 :func:`resolve_config` puts the three together (config, budgets, feature maps and rule): the one
 resolution of ``lola niah``, ``lola perplexity``, the lm-eval model and the vLLM plug-in.
 """
@@ -30,46 +31,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from lola.config import LoLAConfig
+from lola.pretrained.mixing_rule import PAPER_MIXING, default_mixing, has_sparse_cache, resolve_mixing
 from lola.pretrained.model_entry import entry_config, is_entry
 
-__all__ = ["AUTO_BUDGETS", "PAPER_MIXING", "default_mixing", "has_sparse_cache", "resolve_budgets", "resolve_config", "resolve_mixing", "takes_budgets"]
-
-PAPER_MIXING = "lola_authors"
-"""The LoLA paper's rule: how LoLA reads a hybrid trained with another rule."""
+__all__ = [
+    "AUTO_BUDGETS",
+    "PAPER_MIXING",
+    "default_mixing",
+    "has_sparse_cache",
+    "maps_budgets",
+    "resolve_budgets",
+    "resolve_config",
+    "resolve_mixing",
+    "takes_budgets",
+]
 
 AUTO_BUDGETS = "auto"
 """The budgets name that means: the model's shipped calibrated budgets where they apply."""
-
-
-def has_sparse_cache(config: LoLAConfig) -> bool:
-    """Whether ``config`` keeps a sparse cache: in its base sizes (the layers it does not override)
-    or in a layer override (per-head sizes replace ``sparse_size``, as in the layers)."""
-
-    def keeps(cfg: LoLAConfig) -> bool:
-        return any(x > 0 for x in cfg.sparse_size_per_head) if cfg.sparse_size_per_head is not None else cfg.sparse_size > 0
-
-    return keeps(config) or any(keeps(config.for_layer(i)) for i in config.layer_overrides)
-
-
-def default_mixing(config: LoLAConfig, trained_mixing: str | None) -> str:
-    """The rule ``config`` runs with when it leaves ``mixing`` unset.
-
-    Args:
-        config: the config (its own ``mixing`` is not read).
-        trained_mixing: the rule the loaded feature maps were trained with, or ``None`` (no
-            trained maps).
-    """
-    if trained_mixing is None:
-        return LoLAConfig.model_fields["mixing"].default
-    return PAPER_MIXING if has_sparse_cache(config) else trained_mixing
-
-
-def resolve_mixing(config: LoLAConfig, trained_mixing: str | None) -> LoLAConfig:
-    """``config`` with its mixing rule decided by :func:`default_mixing` when the caller left it
-    unset (a rule set explicitly is kept)."""
-    if "mixing" in config.model_fields_set:
-        return config
-    return config.model_copy(update={"mixing": default_mixing(config, trained_mixing)})
 
 
 def resolve_config(
@@ -79,6 +57,7 @@ def resolve_config(
     model: str | None = None,
     feature_maps: Any = None,
     budgets: str | os.PathLike | None = None,
+    maps_to_apply: str | os.PathLike | None = None,
 ) -> LoLAConfig:
     """The config a run executes: the one resolution of every command and integration
     (``lola niah``, ``lola perplexity``, the lm-eval model, the vLLM plug-in).
@@ -86,7 +65,8 @@ def resolve_config(
     In order: ``config`` is read (a :class:`~lola.LoLAConfig`, a mapping of its fields such as
     vLLM's ``hf_overrides={"lola": {...}}``, the ``lola`` entry that ``save_pretrained`` wrote to
     a model's ``config.json`` (:mod:`lola.pretrained.model_entry`), or ``None``: the defaults); the per-head
-    sparse ``budgets`` are applied (:func:`resolve_budgets`, ``"auto"`` by ``model``); the
+    sparse ``budgets`` are applied (:func:`resolve_budgets`, ``"auto"`` by the maps, else by
+    ``model``); the
     ``feature_maps``' trained fields fill what the config leaves unset; and the mixing rule, if
     unset, is decided (:func:`default_mixing`) on the config as it will run, budgets included
     (without maps or ``trained_mixing`` it stays unset: maps applied later decide it).
@@ -99,6 +79,10 @@ def resolve_config(
         feature_maps: :class:`~lola.pretrained.folder.FeatureMaps` as
             :func:`~lola.pretrained.folder.read_feature_maps` reads them, or ``None``.
         budgets: ``None``/``"uniform"``, ``"auto"``, a shipped name or a ``lola calibrate`` file.
+        maps_to_apply: the feature maps (shipped name or folder) a run applies later
+            (``apply_lola(..., feature_maps=…)``, as ``lola niah`` and ``lola perplexity`` do):
+            only the budgets calibrated for them are read here, for ``"auto"``; ignored when
+            ``feature_maps`` are given.
 
     Raises:
         TypeError: ``config`` or ``feature_maps`` of another kind.
@@ -112,7 +96,7 @@ def resolve_config(
         if not isinstance(config, Mapping):
             raise TypeError(f"config must be a LoLAConfig, a mapping of its fields or None, got {type(config).__name__}")
         config = LoLAConfig(**config)
-    config = resolve_budgets(config, budgets, model)
+    config = resolve_budgets(config, budgets, model, feature_maps if feature_maps is not None else maps_to_apply)
     if feature_maps is None:
         # Without trained maps an unset rule stays unset (it reads as LoLAConfig's default), so
         # that maps given later (``apply_lola(..., feature_maps=...)``) still decide it.
@@ -131,16 +115,21 @@ def takes_budgets(config: LoLAConfig) -> bool:
     return config.gqa_storage == "kv_head" and not own_sizes
 
 
-def resolve_budgets(config: LoLAConfig, budgets: str | os.PathLike | None, model: str | None = None) -> LoLAConfig:
+def resolve_budgets(config: LoLAConfig, budgets: str | os.PathLike | None, model: str | None = None, feature_maps: Any = None) -> LoLAConfig:
     """``config`` with the per-head sparse budgets ``budgets`` names: the one rule for every
     command and integration that takes a ``budgets`` option.
 
     Args:
         config: the LoLA config (fields it leaves unset, such as the mixing rule, stay unset).
-        budgets: ``None`` or ``"uniform"``: ``config`` as it is. ``"auto"``: the shipped budgets of
-            ``model`` when there are any and ``config`` can take them (:func:`takes_budgets`),
-            else ``config`` as it is. Otherwise a shipped name or a ``lola calibrate`` file, applied.
+        budgets: ``None`` or ``"uniform"``: ``config`` as it is. ``"auto"``, when ``config`` can
+            take budgets (:func:`takes_budgets`): the budgets calibrated for ``feature_maps`` if
+            they carry any (their ``read`` entry, :class:`~lola.pretrained.folder.ReadDefaults`:
+            the adapted model keeps its needles in other heads than the stock one), else the
+            shipped budgets of ``model`` if there are any, else ``config`` as it is. Otherwise a
+            shipped name or a ``lola calibrate`` file, applied.
         model: the registered model name, for ``"auto"``.
+        feature_maps: the feature maps the config will read (read maps, a shipped name or a
+            folder), or ``None`` (the stock model).
 
     Raises:
         ValueError: named budgets that ``config`` cannot take (per query head, or its own sizes).
@@ -149,7 +138,26 @@ def resolve_budgets(config: LoLAConfig, budgets: str | os.PathLike | None, model
     from lola import budgets as head_budgets
 
     if budgets == AUTO_BUDGETS:
-        budgets = model if model in head_budgets.available() and takes_budgets(config) else None
+        if not takes_budgets(config):
+            return config
+        calibrated = maps_budgets(feature_maps)
+        if calibrated is not None:
+            return calibrated.apply(config)
+        budgets = model if model in head_budgets.available() else None
     if budgets is None or budgets == "uniform":
         return config
     return head_budgets.load(budgets).apply(config)
+
+
+def maps_budgets(feature_maps: Any) -> Any:
+    """The :class:`~lola.budgets.HeadBudgets` calibrated for ``feature_maps`` (read maps, a shipped
+    name or a folder; their ``read.budgets``), or ``None`` (none given, or none calibrated)."""
+    if feature_maps is None:
+        return None
+    if isinstance(feature_maps, (str, os.PathLike)):
+        from lola.pretrained.folder import read_defaults
+
+        read = read_defaults(feature_maps)
+    else:
+        read = getattr(feature_maps, "read", None)
+    return None if read is None else read.budgets

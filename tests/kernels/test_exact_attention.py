@@ -214,10 +214,30 @@ def ragged_case(B, Hs, G, L, N, D, offsets, dtype=torch.float32, device="cpu", e
 )
 def test_property_reference_ragged_is_the_padded_cache(offsets, B, G, L, N, D, dtype, empty, seed):
     (q, k, v, q_pos, k_pos), ragged = ragged_case(B, len(offsets) - 1, G, L, N, D, offsets, dtype, empty=empty, seed=seed)
-    got = ref.softmax_partial(q, k, v, q_pos, k_pos, D**-0.5, ragged)
     pk, pv, pp = padded_cache(k, v, k_pos, ragged)
-    assert_outputs_close(ref.softmax_partial(q, pk, pv, q_pos, pp, D**-0.5), got, 1e-5, OUTPUTS)
-    assert_outputs_close(dense_masked_softmax(q, pk, pv, q_pos, pp, D**-0.5), got, 1e-5, OUTPUTS)
+    expected = dense_masked_softmax(q, pk, pv, q_pos, pp, D**-0.5)
+    assert_outputs_close(ref.softmax_partial(q, pk, pv, q_pos, pp, D**-0.5), expected, 1e-5, OUTPUTS)
+    # both forms of a ragged read (the dispatch picks one by size), with and without positions
+    for form in (ref.softmax_partial, ref.partials_ragged_masked, ref.partials_ragged_by_head):
+        assert_outputs_close(expected, form(q, k, v, q_pos, k_pos, D**-0.5, ragged), 1e-5, OUTPUTS)
+    newest = q_pos.new_full(q_pos.shape, 10**6)  # a query newer than every slot reads as q_pos=None
+    unmasked = dense_masked_softmax(q, pk, pv, newest, pp, D**-0.5)
+    for form in (ref.partials_ragged_masked, ref.partials_ragged_by_head):
+        assert_outputs_close(unmasked, form(q, k, v, None, k_pos, D**-0.5, ragged), 1e-5, OUTPUTS)
+
+
+def test_a_long_ragged_read_is_computed_head_by_head(monkeypatch):
+    # the dispatch: a prefill block over a long run takes the head-by-head form, a short read the
+    # masked one (both equal the padded cache above)
+    (q, k, v, q_pos, k_pos), ragged = ragged_case(1, 3, 3, 64, 8, 8, (0, 10, 300, 700), empty=0.1)
+    picked = []
+    for name in ("partials_ragged_masked", "partials_ragged_by_head"):
+        real = getattr(ref, name)
+        monkeypatch.setattr(ref, name, lambda *a, real=real, name=name: picked.append(name) or real(*a))
+    ref.softmax_partial(q, k, v, q_pos, k_pos, 0.5, ragged)
+    (q, k, v, q_pos, k_pos), ragged = ragged_case(1, 3, 3, 1, 8, 8, (0, 10, 30, 70), empty=0.1)
+    ref.softmax_partial(q, k, v, q_pos, k_pos, 0.5, ragged)
+    assert picked == ["partials_ragged_by_head", "partials_ragged_masked"]
 
 
 def _check_slots_belong_to_their_head(fn, device):

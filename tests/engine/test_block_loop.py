@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 import lola
 import lola.engine.block_loop as block_loop
-from lola.engine.segment_reads import DecodeRead, SegmentReads
+from lola.engine.decode_read import DecodeRead
+from lola.engine.segment_reads import SegmentReads
 
 
 def _inputs(b, t, h, hkv, d, seed=0):

@@ -55,7 +55,7 @@ class MixingRule(str, Enum):
 MIXING_NAMES = tuple(rule.value for rule in MixingRule)
 """The rules a config names (``LoLAConfig.mixing``)."""
 
-MIXING_RULES = ("lolcats", "lolcats_affine", "lola_authors", "softmax_only")
+MIXING_RULES = (MixingRule.LOLCATS.value, "lolcats_affine", *(rule.value for rule in MixingRule if rule is not MixingRule.LOLCATS))
 """The rules the arithmetic and the kernels take: :data:`MIXING_NAMES` with ``lolcats``' affine
 variant (kernels index them in this order)."""
 

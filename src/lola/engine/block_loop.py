@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from lola.engine.decode_read import DecodeRead
 from lola.engine.row_counts import ask_schedule, check_until
-from lola.engine.segment_reads import DecodeRead, SegmentReads, gather_tokens
+from lola.engine.segment_reads import SegmentReads, gather_tokens
 from lola.engine.select_step import FeatureFn, step
 from lola.engine.state import LayerState, Written
 from lola.engine.state_pages import sync
@@ -39,7 +40,7 @@ def run_blocks(
         q: ``[B, H, T, D]``; k, v: ``[B, Hs, T, D]``, each row's real tokens packed to the left.
         valid: ``[B, T]`` real tokens (only read when not ``host``).
         reads: where the queries' reads go (:class:`~lola.engine.segment_reads.SegmentReads` for
-            partials, :class:`~lola.engine.segment_reads.DecodeRead` for one mixed token per row).
+            partials, :class:`~lola.engine.decode_read.DecodeRead` for one mixed token per row).
         host: every row takes all ``T`` tokens and each block's length is known on the host:
             rows at one position (they share every block boundary), or ``T = 1`` (each row's
             own step, if it falls on its token, runs before the read; a step changes only its

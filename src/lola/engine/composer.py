@@ -23,7 +23,8 @@ import torch
 
 from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.engine.block_loop import run_blocks
-from lola.engine.segment_reads import DecodeRead, SegmentReads, gather_tokens
+from lola.engine.decode_read import DecodeRead
+from lola.engine.segment_reads import SegmentReads, gather_tokens
 from lola.engine.select_step import FeatureFn
 from lola.engine.state import WORKING_COPIES, LayerState, PageBinding
 from lola.engine.state_checks import StateLayout, check_state
@@ -168,7 +169,7 @@ class LoLAMemory(LayerState):
     ) -> torch.Tensor:
         """One new token per row (no padding): the block loop's one-token case (the loop of
         :meth:`attend`: write it, run the step if it falls on it), read and mixed with one
-        :func:`lola.kernels.decode_step` call (:class:`~lola.engine.segment_reads.DecodeRead`).
+        :func:`lola.kernels.decode_step` call (:class:`~lola.engine.decode_read.DecodeRead`).
 
         Equals :meth:`attend` on the same token followed by :func:`lola.core.mix` (tested).
 

@@ -16,8 +16,8 @@ call per block. A policy that scores by attention (it must see the weights of a 
 the step that follows it), a custom exact memory or a custom linear memory is read group by
 group, at once, through the memories' own ``read``.
 
-A decoded token (one per row) is read by :class:`DecodeRead` instead: one fused
-:func:`lola.kernels.decode_step` that reads and mixes, called by the same block loop.
+A decoded token (one per row) is read by :class:`lola.engine.decode_read.DecodeRead` instead:
+one fused :func:`lola.kernels.decode_step` that reads and mixes, called by the same block loop.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import torch.nn.functional as F
 
 from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_partials, read_linear_state
 from lola.engine.state import LayerState
-from lola.kernels import decode_step, softmax_partial
+from lola.kernels import softmax_partial
 from lola.kernels.ragged import RaggedSlots
 from lola.memory.base import QueryBlock
 
-__all__ = ["READ_BYTES", "READ_BYTES_CPU", "DecodeRead", "SegmentReads", "observe_attention", "read_exact", "gather_tokens"]
+__all__ = ["READ_BYTES", "READ_BYTES_CPU", "SegmentReads", "observe_attention", "read_exact", "gather_tokens"]
 
 READ_BYTES = 64 * 2**20
 """Snapshot bytes held on an accelerator before the deferred reads are computed: bounds the
@@ -206,40 +206,6 @@ class SegmentReads:
             SoftmaxPartial(out_e.num[:, :, :t], out_e.den[:, :, :t], out_e.max[:, :, :t]),
             unread if unread is not None else LinearPartial(out_l.num[:, :, :t], out_l.den[:, :, :t]),
         )
-
-
-class DecodeRead:
-    """The read of one decoded token per row, for the block loop (the counterpart of
-    :class:`SegmentReads`): one :func:`lola.kernels.decode_step` call reads every exact slot and
-    the linear state and mixes, when the loop reads the token (after its step, if one fell on it).
-
-    Args:
-        memory: the layer's state.
-        q: ``[B, H, 1, D]``; fq: ``[B, H, 1, F]``, or ``None`` (``softmax_only``).
-        scale: softmax scale; gate: ``[H]`` softmax weight per head; mixing: a
-            :data:`lola.core.mixing.MIXING_RULES` name.
-    """
-
-    def __init__(self, memory: LayerState, q: torch.Tensor, fq: torch.Tensor | None, scale: float, gate: torch.Tensor, mixing: str) -> None:
-        self.memory, self.q, self.fq, self.scale, self.gate, self.mixing = memory, q, fq, scale, gate, mixing
-        self._out: torch.Tensor | None = None
-
-    def add(self, start: int, count: int) -> None:
-        """Read the token if ``count`` is 1 (the loop asks for ``0`` queries before a step)."""
-        if count == 0:
-            return
-        # Every stored slot is at or before the new token, so all are visible to it.
-        block = self.memory.exact_slots()
-        H, s = self.memory.linear.state if self.fq is not None else (None, None)
-        fq = None if self.fq is None else self.fq[:, :, 0]
-        ragged = self.memory.ragged_slots()
-        self._out = decode_step(self.q[:, :, 0], block.k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, ragged=ragged, check=False)
-
-    def result(self) -> torch.Tensor:
-        """``[B, H, D]`` float32 outputs."""
-        if self._out is None:
-            raise RuntimeError("the token was not read (internal error)")
-        return self._out
 
 
 def read_exact(state: LayerState, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, list[SoftmaxPartial]]:

@@ -56,6 +56,11 @@ for run in tiny-llama:softmax_only tiny-llama:lolcats smollm2-linearized:saved; 
     LOLA_VLLM_MODEL="$work/$model" LOLA_VLLM_REFERENCE="$work/$model.json" LOLA_VLLM_CASE="$case" \
     timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_plugin.py  # an engine that dies can hang
 done
+# prefix caching (vLLM's Mamba align mode): its own engine, on the ragged case
+echo "-- prefix caching: tiny-llama, ragged"
+HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$work/vllm-cache" \
+  LOLA_VLLM_MODEL="$work/tiny-llama" LOLA_VLLM_REFERENCE="$work/tiny-llama.json" LOLA_VLLM_CASE=ragged \
+  timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_prefix_caching.py
 # vLLM's OpenAI server as a real process on the configured folder (loopback only, bounded waits)
 echo "-- server: tiny-llama-configured"
 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CACHE_ROOT="$work/vllm-cache" \

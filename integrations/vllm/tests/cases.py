@@ -8,6 +8,8 @@ MAX_TOKENS = 16
 CONFIGS = {
     "softmax_only": {"window": 32, "sparse_size": 16, "sinks": 4, "chunk": 16},
     "lolcats": {"window": 32, "sparse_size": 16, "sinks": 4, "chunk": 16, "mixing": "lolcats"},
+    # per-head sparse sizes (a ragged run in the pages) and the linear state: prefix caching's case
+    "ragged": {"window": 32, "sparse_size": 16, "sparse_size_per_head": [8, 24], "sinks": 4, "chunk": 16, "mixing": "lolcats"},
     # the folder's own config.json (written by `lola export`): no override
     "saved": None,
 }

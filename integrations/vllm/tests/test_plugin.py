@@ -35,7 +35,8 @@ def llm():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"enable_prefix_caching": True}, "enable_prefix_caching=False"),
+        ({"enable_prefix_caching": True}, "pass block_size explicitly"),
+        ({"enable_prefix_caching": True, "block_size": 32, "enable_chunked_prefill": False}, "needs chunked prefill"),
         ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}}, "speculative decoding is not supported"),
         ({"tensor_parallel_size": 2}, "tensor_parallel_size=1"),
     ],

@@ -1,8 +1,9 @@
 """LoLA Llama for vLLM: the Llama model with LoLA attention layers, and its config checks."""
 
 from vllm.logger import init_logger
+from vllm.model_executor.layers.mamba.mamba_utils import get_temporal_copy_spec
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
-from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree
+from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree, SupportsMambaPrefixCaching
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 from lola_vllm.layer import LoLALlamaAttention
@@ -11,7 +12,9 @@ logger = init_logger(__name__)
 
 
 class LoLAModelConfig(VerifyAndUpdateConfig):
-    """Refuse what a constant-size state cannot do, and keep one state page per sequence."""
+    """Refuse what a constant-size state cannot do; one state page per sequence, or, with
+    prefix caching, vLLM's Mamba ``align`` mode: a page per ``block_size`` tokens a request
+    has seen, the running state copied forward at block boundaries and cached there."""
 
     @classmethod
     def verify_and_update_config(cls, vllm_config) -> None:
@@ -25,7 +28,19 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
                 "for more throughput run several engines (data parallel), each with its own state pages"
             )
         if cache.enable_prefix_caching:
-            raise ValueError("LoLA layers keep constant-size state that cannot be restored at a cached prefix: run with enable_prefix_caching=False")
+            # The state after every block_size tokens is what a later request sharing the prefix
+            # resumes from; the CPU platform changes an unset block_size after this check, so the
+            # two block sizes would disagree unless the user sets it.
+            if not cache.user_specified_block_size:
+                raise ValueError(
+                    "LoLA's prefix caching keeps the state every block_size tokens: pass block_size explicitly with enable_prefix_caching=True "
+                    "(e.g. block_size=64; a multiple of 32 on CPU)"
+                )
+            if not vllm_config.scheduler_config.enable_chunked_prefill:
+                raise ValueError("LoLA's prefix caching needs chunked prefill (vLLM's Mamba 'align' mode): leave enable_chunked_prefill on")
+            cache.mamba_cache_mode = "align"
+            cache.mamba_block_size = cache.block_size
+            return
         cache.mamba_cache_mode = "none"
         if cache.mamba_block_size is None:
             cache.mamba_block_size = vllm_config.model_config.max_model_len
@@ -36,7 +51,7 @@ class LoLALlamaDecoderLayer(LlamaDecoderLayer):
         super().__init__(vllm_config, prefix, config, attn_layer_type=LoLALlamaAttention)
 
 
-class LoLALlamaForCausalLM(LlamaForCausalLM, HasInnerState, IsAttentionFree):
+class LoLALlamaForCausalLM(LlamaForCausalLM, HasInnerState, IsAttentionFree, SupportsMambaPrefixCaching):
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=LoLALlamaDecoderLayer)
 
@@ -44,3 +59,19 @@ class LoLALlamaForCausalLM(LlamaForCausalLM, HasInnerState, IsAttentionFree):
         loaded = super().load_weights(weights)
         # LoLA parameters absent from a plain Llama checkpoint keep their initial values
         return loaded | {n for n, _ in self.named_parameters() if ".lola." in n}
+
+    def get_mamba_state_copy_funcs(self, mamba_types):
+        """One whole-page copy per state tensor of a LoLA layer (vLLM copies the running state
+        to the page of a new block, and from a cached block on a prefix hit)."""
+        counts = {len(m.get_state_shape()) for m in self.modules() if isinstance(m, LoLALlamaAttention)}
+        if len(counts) != 1:
+            raise ValueError(
+                f"prefix caching copies the same states of every LoLA layer, but the layers hold {sorted(counts)} state tensors "
+                "(per-head sparse sizes in some layers only): give every layer per-head sizes, or none, or run without prefix caching"
+            )
+        funcs = (get_temporal_copy_spec,) * counts.pop()
+        return {t: funcs for t in mamba_types}
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        raise NotImplementedError("LoLA layers hold a config-dependent number of states: see get_mamba_state_copy_funcs")

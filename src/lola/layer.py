@@ -414,9 +414,10 @@ def _as_bool_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return mask.bool()
 
 
-def memory_from_config(cfg: LoLAConfig, layer: int | None = None) -> LoLAMemory:
+def memory_from_config(cfg: LoLAConfig, layer: int | None = None, head_offset: int | None = None) -> LoLAMemory:
     """An empty :class:`LoLAMemory` built from ``cfg`` (sinks, window, sparse cache, policy,
-    schedule) for layer ``layer`` of a model (``None``: a standalone layer)."""
+    schedule) for layer ``layer`` of a model (``None``: a standalone layer); ``head_offset``: for a
+    share of the heads (:func:`compose`), the index of its first storage head in the layer."""
     schedule = build_schedule(cfg.schedule, chunk=cfg.chunk, **cfg.schedule_kwargs)
     return LoLAMemory(
         sinks=SinkTokens(cfg.sinks),
@@ -427,10 +428,19 @@ def memory_from_config(cfg: LoLAConfig, layer: int | None = None) -> LoLAMemory:
         schedule=schedule,
         gqa_storage=cfg.gqa_storage,
         layer=layer,
+        head_offset=head_offset,
     )
 
 
-def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | None = None, layer: int | None = None) -> LoLAAttention:
+def compose(
+    cfg: LoLAConfig,
+    num_heads: int,
+    head_dim: int,
+    num_kv_heads: int | None = None,
+    layer: int | None = None,
+    *,
+    heads: tuple[int, int] | None = None,
+) -> LoLAAttention:
     """Build a :class:`LoLAAttention` from a config.
 
     Args:
@@ -439,6 +449,11 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         head_dim: ``D``.
         num_kv_heads: K/V heads ``H_kv`` (``H`` if ``None``).
         layer: the layer's index in its model, passed to the scoring policy.
+        heads: ``(first, end)``: build the share of query heads ``[first, end)`` of this layer
+            (whole groups of the query heads that read one K/V head), as a tensor-parallel rank
+            computes it: its per-head sizes, parameters (cut along :func:`lola.head_share.head_axes`)
+            and the policy's head indices are those heads'; the shares' outputs, side by side,
+            are the whole layer's. ``None``: every head.
 
     Example::
 
@@ -454,6 +469,15 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         sizes = getattr(cfg, field)
         if sizes is not None and len(sizes) != storage:
             raise ValueError(f"{field} must give one size per storage head ({storage} with gqa_storage={cfg.gqa_storage!r}), got {len(sizes)}")
+    head_offset = None
+    if heads is not None:
+        from lola.head_share import head_share
+
+        share = head_share(heads, num_heads, num_kv_heads or num_heads, cfg.gqa_storage)
+        if getattr(build_policy(cfg.policy, **cfg.policy_kwargs), "couples_heads", False):
+            raise ValueError(f"policy {cfg.policy!r} ranks the candidates of every head of the layer together: it cannot score a share of the heads")
+        cfg, num_heads, num_kv_heads, head_offset = share.config(cfg), share.heads, share.kv_heads, share.storage_first
+        storage = share.storage_end - share.storage_first
     if cfg.mixing == "softmax_only":
         # That rule reads exact tokens alone: a head that holds none would output zeros.
         windows = cfg.window_per_head or [cfg.window] * storage
@@ -469,7 +493,7 @@ def compose(cfg: LoLAConfig, num_heads: int, head_dim: int, num_kv_heads: int | 
         num_heads,
         head_dim,
         num_kv_heads,
-        memory_factory=lambda: memory_from_config(cfg, layer),
+        memory_factory=lambda: memory_from_config(cfg, layer, head_offset),
         feature_map_q=build_feature_map(cfg.feature_map, num_heads, head_dim, cfg.feature_dim),
         feature_map_k=build_feature_map(cfg.feature_map, num_heads, head_dim, cfg.feature_dim),
         mixing=cfg.mixing,

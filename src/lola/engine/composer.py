@@ -59,6 +59,9 @@ class LoLAMemory(LayerState):
             ``query_half_life``, default 64) when the policy sets ``needs_queries = True``.
         layer: the layer's index in its model (given to the policy), or ``None``; a layer
             refuses a state of another index.
+        head_offset: ``None`` (the layer computes all its heads), or for a share of the heads
+            (``compose(heads=…)``) the index of its first storage head in the model's layer
+            (given to the policy).
 
     Attributes:
         layout: the :class:`StateLayout` the owning layer declared (``None`` for a memory no

@@ -45,7 +45,15 @@ def select(state: LayerState, rows: torch.Tensor, feature_map_k: FeatureFn, scal
     leaving = state.window.pop_oldest(rows)
     candidates = KVBlock.cat([leaving, state.sparse.block])
     ctx = ScoringContext(
-        state.linear, feature_map_k, state.num_heads, state.seen - 1, scale=scale, layer=state.layer, queries=state.queries, fresh=leaving.size
+        state.linear,
+        feature_map_k,
+        state.num_heads,
+        state.seen - 1,
+        scale=scale,
+        layer=state.layer,
+        queries=state.queries,
+        fresh=leaving.size,
+        head_offset=state.head_offset,
     )
     scores = _score(state.policy, candidates, ctx) if state.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
     _check_scores(scores, candidates.valid, state.policy)

@@ -73,6 +73,7 @@ class LayerState:
         queries: QueryStatistics | None = None,
         layer: int | None = None,
         storage: str | None = None,
+        head_offset: int | None = None,
     ) -> None:
         if storage is not None:  # the old name of gqa_storage (the config's)
             warnings.warn("LoLAMemory(storage=...) is now gqa_storage=..., the name LoLAConfig uses", DeprecationWarning, stacklevel=2)
@@ -100,6 +101,8 @@ class LayerState:
             )
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
             raise TypeError(f"layer must be an int >= 0 or None, got {layer!r}")
+        if head_offset is not None and (isinstance(head_offset, bool) or not isinstance(head_offset, int) or head_offset < 0):
+            raise TypeError(f"head_offset must be an int >= 0 or None, got {head_offset!r}")
         if window.max_pending < schedule.period:
             raise ValueError(
                 f"window.max_pending ({window.max_pending}) must be >= schedule.period ({schedule.period}): "
@@ -118,6 +121,7 @@ class LayerState:
             queries = QueryStatistics(getattr(policy, "query_half_life", 64.0))
         self.queries = queries
         self.layer = layer
+        self.head_offset = head_offset
         self.layout: StateLayout | None = None
         self.owner: Callable[[], object] | None = None
         self.counts = RowCounts()
@@ -165,6 +169,7 @@ class LayerState:
         schedule, storage)."""
         return {
             "layer": self.layer,
+            "head_offset": self.head_offset,
             "sinks": self.sinks.capacity,
             "window": _describe(self.window),
             "max_pending": self.window.max_pending,

@@ -19,6 +19,9 @@ class FeatureMap(nn.Module):
     #: Whether every feature is ``>= 0`` (so a linear state's normaliser ``s = Σ φ(k)`` is too);
     #: a saved state whose ``s`` is negative is then refused (:func:`lola.engine.state_checks.check_state`).
     non_negative: bool = False
+    #: ``{parameter name: axis}`` of every per-head parameter (a share of the heads, as a
+    #: tensor-parallel rank holds, is cut along it: :func:`lola.head_share.head_axes`).
+    head_axes: dict[str, int] = {}
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()

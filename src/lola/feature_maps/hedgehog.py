@@ -54,6 +54,7 @@ class HedgehogFeatureMap(FeatureMap):
     """
 
     non_negative = True  # softmaxes, clamped at eps
+    head_axes = {"mlp.layer": 0, "mlp.bias": 1}  # [H, D, f], and a trained bias [1, H, 1, 1]
 
     def __init__(self, num_heads: int, head_dim: int, feature_dim: int = 64, identity: bool = False, eps: float = 1e-12) -> None:
         super().__init__(num_heads, head_dim)

@@ -28,6 +28,10 @@ class ScoringContext:
         layer: the layer's index in its model (``None`` for a standalone layer).
         queries: running statistics of the layer's recent queries (mean, covariance per query
             head), present when the policy sets ``needs_queries = True``; else ``None``.
+        head_offset: ``None`` when the layer computes all its heads; for a share of the heads (a
+            tensor-parallel rank, built by :func:`lola.compose` with ``heads=``), the index in the
+            model's layer of its first storage head. A policy that depends on which head it
+            scores (the learned scorer's per-head weights, a seed per head) adds it to its index.
         fresh: in a select-and-evict step, how many candidates lead the block: slots ``[..., :fresh]``
             hold the tokens leaving the window at this step (empty where a row or head has fewer),
             the others the sparse cache's; ``None`` outside a step.
@@ -44,6 +48,7 @@ class ScoringContext:
     layer: int | None = None
     queries: QueryStatistics | None = None
     fresh: int | None = None
+    head_offset: int | None = None
     kept: torch.Tensor | None = field(default=None, init=False)
     _features: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

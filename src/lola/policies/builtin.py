@@ -93,7 +93,8 @@ class Random:
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         b, hs, n = candidates.pos.shape
-        head = torch.arange(hs, device=candidates.pos.device).view(1, hs, 1)
+        first = ctx.head_offset or 0  # the model's head index (a share of the heads starts past 0)
+        head = torch.arange(first, first + hs, device=candidates.pos.device).view(1, hs, 1)
         x = _mix32(candidates.pos & 0xFFFFFFFF)
         x = _mix32(x ^ (ctx.step.view(b, 1, 1) & 0xFFFFFFFF))
         x = _mix32(x ^ head)

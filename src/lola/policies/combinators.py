@@ -67,6 +67,12 @@ class _Composite:
         return any(getattr(p, "needs_queries", False) for p in self.parts)
 
     @property
+    def couples_heads(self) -> bool:
+        """Whether a head's scores depend on other heads' candidates (no share of the heads can
+        be scored alone: :func:`lola.compose` with ``heads=`` refuses it)."""
+        return any(getattr(p, "couples_heads", False) for p in self.parts)
+
+    @property
     def query_half_life(self) -> float:
         lives = {float(getattr(p, "query_half_life", 64.0)) for p in self.parts if getattr(p, "needs_queries", False)}
         if len(lives) > 1:
@@ -151,6 +157,10 @@ class SpanPooling(_Composite):
         if self.radius < 0:
             raise ValueError(f"radius must be >= 0, got {self.radius}")
         object.__setattr__(self, "parts", (_build(self.policy, self.policy_kwargs),))
+
+    @property
+    def couples_heads(self) -> bool:
+        return self.across_heads or super().couples_heads
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         inner = self.parts[0].score(candidates, ctx).float()

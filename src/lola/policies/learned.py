@@ -43,6 +43,7 @@ class LearnedScore:
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         if ctx.layer is None:
             raise ValueError("the learned policy needs the layer's index (ScoringContext.layer): build the layer with layer=i, as apply_lola does")
+        first = ctx.head_offset  # a share of the heads scores with those heads' weights
         if ctx.fresh is None:  # outside a step: every candidate
-            return self._model.score(ctx.layer, candidates.k, candidates.v, candidates.pos)
-        return score_leaving(candidates, ctx, lambda b: self._model.score(ctx.layer, b.k, b.v, b.pos), f"learned scorer {self.scorer!r}")
+            return self._model.score(ctx.layer, candidates.k, candidates.v, candidates.pos, first_head=first)
+        return score_leaving(candidates, ctx, lambda b: self._model.score(ctx.layer, b.k, b.v, b.pos, first_head=first), f"learned scorer {self.scorer!r}")

@@ -122,17 +122,23 @@ class TokenScorer:
             self._on[key] = (self.weight.float().to(device), None if self.inv_freq is None else self.inv_freq.float().to(device))
         return self._on[key]
 
-    def score(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Predicted log-attention of tokens of ``layer``: ``k, v [B, Hs, N, D]``, ``pos [B, Hs, N]`` → ``[B, Hs, N]`` float32."""
+    def score(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, first_head: int | None = None) -> torch.Tensor:
+        """Predicted log-attention of tokens of ``layer``: ``k, v [B, Hs, N, D]``, ``pos [B, Hs, N]`` → ``[B, Hs, N]`` float32.
+
+        ``first_head``: ``None``, the keys are every K/V head of the layer; else the model's index
+        of the first of ``Hs`` K/V heads (a share of the heads, as a tensor-parallel rank holds)."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside the scorer's {self.num_layers} layers")
-        if k.shape[1] != self.num_kv_heads or k.shape[-1] != self.head_dim:
+        hs = k.shape[1]
+        fits = hs == self.num_kv_heads if first_head is None else 0 <= first_head < first_head + hs <= self.num_kv_heads
+        first_head = first_head or 0
+        if not fits or k.shape[-1] != self.head_dim:
             raise ValueError(
-                f"the scorer is for {self.num_kv_heads} K/V heads of dimension {self.head_dim}, got keys {tuple(k.shape)} "
+                f"the scorer is for {self.num_kv_heads} K/V heads of dimension {self.head_dim}, got keys {tuple(k.shape)} from head {first_head} "
                 "(a scorer scores K/V heads: use gqa_storage='kv_head')"
             )
         weight, inv_freq = self._tensors(k.device)
-        return torch.einsum("bhnf,hf->bhn", token_features(k, v, pos, inv_freq), weight[layer])
+        return torch.einsum("bhnf,hf->bhn", token_features(k, v, pos, inv_freq), weight[layer, first_head : first_head + hs])
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the scorer as one safetensors file (its ``info`` as JSON metadata), atomically;

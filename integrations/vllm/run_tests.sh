@@ -34,6 +34,9 @@ echo "== models and lola's reference tokens"
 # library's default LoLA config and rule in its config.json)
 "$lola_python" -m lola.cli export --model smollm2-135m-instruct --feature-maps smollm2-135m-instruct --vllm --out "$work/smollm2-linearized" > /dev/null
 (cd "$here/tests" && "$lola_python" reference.py "$work/smollm2-linearized" "$work/smollm2-linearized.json" saved)
+# the tiny model exported with LoLA parameters that differ per head: tensor parallelism's case
+(cd "$here/tests" && "$lola_python" make_tiny_trained.py "$work/tiny-llama" "$work/tiny-llama-trained" \
+  && "$lola_python" reference.py "$work/tiny-llama-trained" "$work/tiny-llama-trained.json" tiny-saved)
 # the same tiny model configured in its config.json instead of hf_overrides: served by
 # `vllm serve FOLDER` (test_server.py)
 cp -r "$work/tiny-llama" "$work/tiny-llama-configured" && cp "$work/tiny-llama.json" "$work/tiny-llama-configured.json"
@@ -61,6 +64,11 @@ echo "-- prefix caching: tiny-llama, ragged"
 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$work/vllm-cache" \
   LOLA_VLLM_MODEL="$work/tiny-llama" LOLA_VLLM_REFERENCE="$work/tiny-llama.json" LOLA_VLLM_CASE=ragged \
   timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_prefix_caching.py
+# tensor parallelism: two ranks (worker processes) on one NUMA node
+echo "-- tensor parallel: tiny-llama-trained, tiny-saved"
+HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ALLOW_INSECURE_SERIALIZATION=1 VLLM_CACHE_ROOT="$work/vllm-cache" \
+  LOLA_VLLM_MODEL="$work/tiny-llama-trained" LOLA_VLLM_REFERENCE="$work/tiny-llama-trained.json" LOLA_VLLM_CASE=tiny-saved \
+  timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_tensor_parallel.py
 # vLLM's OpenAI server as a real process on the configured folder (loopback only, bounded waits)
 echo "-- server: tiny-llama-configured"
 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CACHE_ROOT="$work/vllm-cache" \

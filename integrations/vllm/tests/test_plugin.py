@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from cases import CONFIGS, MAX_TOKENS, PROMPTS, prompts
+from cases import CONFIGS, LOGPROBS, MAX_TOKENS, PROMPTS, close_logprobs, prompts
 from vllm import LLM, SamplingParams
 
 MODEL = os.environ["LOLA_VLLM_MODEL"]
@@ -38,7 +38,6 @@ def llm():
         ({"enable_prefix_caching": True}, "pass block_size explicitly"),
         ({"enable_prefix_caching": True, "block_size": 32, "enable_chunked_prefill": False}, "needs chunked prefill"),
         ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}}, "speculative decoding is not supported"),
-        ({"tensor_parallel_size": 2}, "tensor_parallel_size=1"),
     ],
 )
 def test_unsupported_features_are_refused_with_a_message(kwargs, match):
@@ -46,12 +45,22 @@ def test_unsupported_features_are_refused_with_a_message(kwargs, match):
         _llm(CONFIGS[CASE], **kwargs)
 
 
+def test_tensor_parallel_sizes_that_would_not_split_the_heads_evenly_are_refused():
+    if CASE == "saved":  # SmolLM2: 3 K/V heads
+        with pytest.raises(ValueError, match="splits the model's 3 K/V heads unevenly"):
+            _llm(None, tensor_parallel_size=2)
+    else:  # per-head sparse sizes 8 and 24: the two ranks' pages would differ
+        with pytest.raises(ValueError, match=r"sparse_size_per_head \[8, 24\] gives the 2 ranks' shares"):
+            _llm(CONFIGS["ragged"], tensor_parallel_size=2)
+
+
 def test_greedy_tokens_equal_lolas_own_transformers_path(llm):
     from lola_vllm.layer import CALLS
 
     before = dict(CALLS)
-    outs = llm.generate(prompts(CASE), SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+    outs = llm.generate(prompts(CASE), SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=LOGPROBS))
     assert [list(o.outputs[0].token_ids) for o in outs] == REFERENCE[CASE]
+    close_logprobs(outs, REFERENCE[f"{CASE}.logprobs"])  # not only the argmax: the distributions
     # LoLA served: prefills and decodes batched (two slots: the first two prompts prefill together,
     # in one call when they are of one length), every new request's slot reset
     assert CALLS["prefill_seqs"] > before["prefill_seqs"] and CALLS["decode_rows"] > before["decode_rows"]

@@ -18,15 +18,19 @@ instead of binding (gathering) again; the pages are current after every step eit
 import torch
 from torch import nn
 from vllm.config import get_current_vllm_config
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.model_loader.weight_utils import sharded_weight_loader
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from lola.engine.state_pages import clear_rows
+from lola.head_share import head_axes
 from lola.layer import compose
 from lola.pretrained.resolve import resolve_config
 
@@ -35,8 +39,11 @@ CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0,
 
 
 class LoLALlamaAttention(nn.Module, MambaBase):
-    """Drop-in for vLLM's ``LlamaAttention`` (same constructor keywords; tensor parallel size 1);
-    the LoLA config comes from ``config.lola`` (per-layer overrides applied)."""
+    """Drop-in for vLLM's ``LlamaAttention`` (same constructor keywords); the LoLA config comes
+    from ``config.lola`` (per-layer overrides applied). Under tensor parallelism each rank
+    computes its share of the heads (:func:`lola.compose` with ``heads=``): its query and K/V
+    heads of ``qkv_proj``, their LoLA parameters (sliced from the checkpoint's along each
+    parameter's head axis) and state pages; ``o_proj`` sums the ranks' outputs."""
 
     def __init__(
         self,
@@ -56,21 +63,27 @@ class LoLALlamaAttention(nn.Module, MambaBase):
         vllm_config = get_current_vllm_config()
         self.prefix = prefix
         self.head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
-        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads  # TP = 1 in this prototype
-        self.q_size, self.kv_size = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        # this rank's heads (LoLAModelConfig refuses sizes that do not split in whole groups)
+        self.num_heads, self.num_kv_heads = num_heads // tp, num_kv_heads // tp
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = QKVParallelLinear(
             hidden_size, self.head_dim, num_heads, num_kv_heads, bias=bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj"
         )
-        self.o_proj = RowParallelLinear(self.q_size, hidden_size, bias=bias_o_proj, quant_config=quant_config, prefix=f"{prefix}.o_proj")
+        self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden_size, bias=bias_o_proj, quant_config=quant_config, prefix=f"{prefix}.o_proj")
         self.rotary_emb = get_rope(
             self.head_dim, max_position=max_position_embeddings, rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True
         )
         layer = extract_layer_index(prefix)
         cfg = resolve_config(getattr(config, "lola", None)).for_layer(layer)  # lola's defaults, decided where lola decides them
-        self.lola = compose(cfg, num_heads, self.head_dim, num_kv_heads, layer=layer)
+        share = (rank * self.num_heads, (rank + 1) * self.num_heads) if tp > 1 else None
+        self.lola = compose(cfg, num_heads, self.head_dim, num_kv_heads, layer=layer, heads=share)
+        if tp > 1:  # a checkpoint holds every head's LoLA parameters: each rank loads its slice
+            for name, axis in head_axes(self.lola).items():
+                set_weight_attrs(self.lola.get_parameter(name), {"weight_loader": sharded_weight_loader(axis)})
         dtype = vllm_config.model_config.dtype
         t = self.lola.new_state()
-        layout = t.page_layout(num_heads, self.lola.storage_heads(t), self.head_dim, self.lola.feature_dim, dtype)
+        layout = t.page_layout(self.num_heads, self.lola.storage_heads(t), self.head_dim, self.lola.feature_dim, dtype)
         # widest dtypes first: every state's byte offset in the page stays aligned for .view(dtype)
         self._keys = sorted(layout, key=lambda k: -torch.empty((), dtype=layout[k][1]).element_size())
         self._shapes = tuple(layout[k][0] for k in self._keys)
@@ -178,6 +191,12 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             mem.release_pages()  # the pages hold its state; the next step binds them anew
             for i, r in enumerate(rows):
                 out[spans[r][0] : spans[r][1]] = o[i].reshape(length, H * D)
+
+
+def served_heads(model: nn.Module) -> list[tuple[int, int, tuple]]:
+    """What this rank's LoLA layers serve: per layer, its query heads, its K/V heads and its
+    state pages' shapes (``llm.apply_model(served_heads)`` gives one list per rank)."""
+    return [(m.num_heads, m.num_kv_heads, m.get_state_shape()) for m in model.modules() if isinstance(m, LoLALlamaAttention)]
 
 
 def lola_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, output: torch.Tensor, layer_name: str) -> None:

@@ -23,10 +23,7 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
             raise ValueError("LoLA layers keep constant-size state that cannot be rolled back: speculative decoding is not supported")
         tp = vllm_config.parallel_config.tensor_parallel_size
         if tp > 1:
-            raise ValueError(
-                f"LoLA layers do not split their heads across ranks yet: run with tensor_parallel_size=1 (got {tp}); "
-                "for more throughput run several engines (data parallel), each with its own state pages"
-            )
+            check_tensor_parallel(vllm_config.model_config.hf_config, tp)
         if cache.enable_prefix_caching:
             # The state after every block_size tokens is what a later request sharing the prefix
             # resumes from; the CPU platform changes an unset block_size after this check, so the
@@ -44,6 +41,40 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
         cache.mamba_cache_mode = "none"
         if cache.mamba_block_size is None:
             cache.mamba_block_size = vllm_config.model_config.max_model_len
+
+
+def check_tensor_parallel(hf_config, tp: int) -> None:
+    """Refuse a tensor-parallel size whose ranks would not hold whole groups of heads, or
+    different page shapes (vLLM keeps one page layout per layer for every rank): per-head sizes
+    that differ between the ranks' shares of a layer.
+
+    Raises:
+        ValueError: naming the sizes and what would work.
+    """
+    from lola.pretrained.resolve import resolve_config
+
+    heads, kv_heads = hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    if kv_heads % tp:
+        raise ValueError(
+            f"tensor_parallel_size={tp} splits the model's {kv_heads} K/V heads unevenly: LoLA's ranks hold whole K/V heads "
+            f"(and the query heads that read them); use a tensor_parallel_size that divides {kv_heads}"
+        )
+    cfg = resolve_config(getattr(hf_config, "lola", None))
+    storage = kv_heads if cfg.gqa_storage == "kv_head" else heads
+    for layer in range(hf_config.num_hidden_layers):
+        layer_cfg = cfg.for_layer(layer)
+        for field, combine in (("window_per_head", max), ("sparse_size_per_head", sum)):
+            sizes = getattr(layer_cfg, field)
+            if sizes is None:
+                continue
+            step = storage // tp
+            shares = {combine(sizes[r * step : (r + 1) * step]) for r in range(tp)}
+            if len(shares) > 1:
+                raise ValueError(
+                    f"layer {layer}: {field} {sizes} gives the {tp} ranks' shares of the heads state pages of different sizes "
+                    f"({field.split('_per_head')[0]} {sorted(shares)}), and vLLM keeps one page layout per layer: use uniform sizes "
+                    "(no per-head budgets) with tensor parallelism, or tensor_parallel_size=1"
+                )
 
 
 class LoLALlamaDecoderLayer(LlamaDecoderLayer):

@@ -11,15 +11,15 @@ rows. The engine's steps are functions over it (:mod:`lola.engine.block_loop`,
 
 from __future__ import annotations
 
-import copy
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
 
+from lola.engine.parts import binds_buffer, describe_part, slot_widths
 from lola.engine.row_counts import RowCounts
-from lola.engine.state_checks import StateLayout, check_row_index, check_state, layout_of
+from lola.engine.state_checks import StateLayout, check_row_index, check_state, reference_of
 from lola.kernels.ragged import RaggedSlots
 from lola.memory.base import KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
@@ -131,11 +131,11 @@ class LayerState:
         # ranges of it (a custom store that keeps storage of its own stays outside).
         # A store with per-head sizes (the calibrated sparse cache) is held ragged: one run of
         # each head's own slots, no head padded to the largest.
-        self.slots = SlotBuffer([(m.name, _widths(m)) for m in self.exact_memories if _binds(m)])
+        self.slots = SlotBuffer([(m.name, slot_widths(m)) for m in self.exact_memories if binds_buffer(m)])
         for m in self.exact_memories:
-            if _binds(m):
+            if binds_buffer(m):
                 m.bind(self.slots)
-        self.buffered = all(_binds(m) for m in self.exact_memories)  # the buffer holds every exact slot
+        self.buffered = all(binds_buffer(m) for m in self.exact_memories)  # the buffer holds every exact slot
         self.binding: PageBinding | None = None  # external buffers holding this state (bind_pages)
         self.written = Written()
 
@@ -171,13 +171,13 @@ class LayerState:
             "layer": self.layer,
             "head_offset": self.head_offset,
             "sinks": self.sinks.capacity,
-            "window": _describe(self.window),
+            "window": describe_part(self.window),
             "max_pending": self.window.max_pending,
-            "sparse": _describe(self.sparse),
-            "policy": _describe(self.policy),
-            "schedule": _describe(self.schedule),
+            "sparse": describe_part(self.sparse),
+            "policy": describe_part(self.policy),
+            "schedule": describe_part(self.schedule),
             "gqa_storage": self.gqa_storage,
-            "queries": _describe(self.queries),
+            "queries": describe_part(self.queries),
         }
 
     @property
@@ -197,7 +197,7 @@ class LayerState:
             return 0
         held = self.slots.nbytes() + self.seen.numel() * self.seen.element_size()
         for m in self.stateful_parts():
-            if not (_binds(m) and m in self.exact_memories):
+            if not (binds_buffer(m) and m in self.exact_memories):
                 held += m.nbytes()
         return held
 
@@ -213,7 +213,7 @@ class LayerState:
         from lola.memory.allocation import check_allocation
 
         track = keeps_tallies(self.policy)
-        widths = {m.name: _widths(m) for m in self.exact_memories}  # a ragged store holds Σ λ_h, not Hs · max λ_h
+        widths = {m.name: slot_widths(m) for m in self.exact_memories}  # a ragged store holds Σ λ_h, not Hs · max λ_h
         slots = {name: w if isinstance(w, int) else f"{sum(w)} over the heads" for name, w in widths.items()}
         per_head = sum(w for w in widths.values() if isinstance(w, int))
         ragged = sum(sum(w) for w in widths.values() if not isinstance(w, int))
@@ -285,41 +285,9 @@ class LayerState:
         self.num_heads = self.linear.state[0].shape[1]
 
     def reference_state(self, state: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], set[str]] | None:
-        """What a state of this memory holds, for :func:`check_state`: ``(tensors, follow)``.
-
-        Once allocated, its own tensors (``follow`` empty: every dtype is fixed). Before, the
-        tensors of a twin allocated for one row on the ``meta`` device (no memory is used),
-        for the :attr:`layout` its layer declared or, without one, the geometry read off
-        ``state``'s ``linear.H`` and ``window.k``; ``follow`` names the tensors whose dtype is
-        the keys' and values' (the twin is allocated twice, in two dtypes, to tell them).
-        ``None`` when neither tells the geometry, or when a custom part cannot be copied or
-        allocated on ``meta`` (the checks that need no reference still run).
-        """
-        if self.allocated:
-            return self.state_dict(), set()
-        layout = self.layout or layout_of(state or {}, self.linear.name, self.window.name)
-        if layout is None:
-            return None
-        twins = []
-        for dtype in (torch.float16, torch.bfloat16):
-            try:
-                parts = copy.deepcopy((self.sinks, self.window, self.sparse, self.linear, self.queries))  # unallocated: no tensors to copy
-                twin = LayerState(
-                    sinks=parts[0],
-                    window=parts[1],
-                    sparse=parts[2],
-                    linear=parts[3],
-                    queries=parts[4],
-                    policy=self.policy,
-                    schedule=self.schedule,
-                    gqa_storage=self.gqa_storage,
-                )
-                twin.allocate(1, layout.num_heads, layout.storage_heads, layout.head_dim, layout.feature_dim, dtype, torch.device("meta"))
-            except Exception:  # a custom part that cannot be copied or allocated on meta
-                return None
-            twins.append(twin.state_dict())
-        a, b = twins
-        return a, {k for k in a if a[k].dtype != b[k].dtype}
+        """What a state of this memory holds, for :func:`check_state`
+        (:func:`lola.engine.state_checks.reference_of`)."""
+        return reference_of(self, state)
 
     # -- rows (sequence slots) -------------------------------------------------------------------
     def select_rows(self, index: torch.Tensor) -> None:
@@ -405,7 +373,7 @@ class LayerState:
         the stores to load into."""
         for m in self.exact_memories:
             k = state.get(f"{m.name}.k")
-            if not _binds(m) or not isinstance(k, torch.Tensor) or k.dim() != 4:
+            if not binds_buffer(m) or not isinstance(k, torch.Tensor) or k.dim() != 4:
                 continue
             head_sizes = getattr(m, "head_sizes", None)  # a ragged saved state: one run of every head's slots
             heads = len(head_sizes) if head_sizes is not None else k.shape[1]
@@ -421,25 +389,3 @@ class LayerState:
             + (f", queries={self.queries!r}" if self.queries is not None else "")
             + ")"
         )
-
-
-def _binds(memory: object) -> bool:
-    """Whether ``memory`` keeps its slots in its composer's buffer (a stock store, or a subclass
-    that reads and writes them only through ``block``)."""
-    return getattr(memory, "binds", False) is True  # declared, not merely truthy (a method, a mock)
-
-
-def _widths(memory: object) -> int | list[int]:
-    """A store's slots per head: its per-head sizes (``head_sizes``) when the buffer holds it
-    (``binds``) ragged (``ragged``: its slots past a head's size are always empty), else its capacity."""
-    sizes = getattr(memory, "head_sizes", None)
-    held_ragged = _binds(memory) and getattr(memory, "ragged", False) is True and isinstance(sizes, (list, tuple))
-    return list(sizes) if held_ragged else memory.capacity
-
-
-def _describe(part: object) -> str:
-    """``repr(part)``, or its class and capacity when the class keeps object's default repr
-    (which names a memory address and would make every fresh state look different)."""
-    if type(part).__repr__ is object.__repr__:
-        return f"{type(part).__module__}.{type(part).__qualname__}(capacity={getattr(part, 'capacity', None)})"
-    return repr(part)

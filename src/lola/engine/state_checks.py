@@ -7,13 +7,14 @@ geometry a layer declares for its state, which a loaded state is compared with.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CheckedState", "StateLayout", "check_row_index", "check_state", "layout_of"]
+__all__ = ["CheckedState", "StateLayout", "check_row_index", "check_state", "layout_of", "reference_of"]
 
 
 @dataclass(frozen=True)
@@ -268,3 +269,42 @@ def check_row_index(index: object, rows: int, name: str, repeats: bool, device: 
     if not repeats and index.unique().numel() != index.numel():
         raise ValueError(f"{name} must name each row once (two rows written to one would overwrite each other), got {index.tolist()[:8]}")
     return index
+
+
+def reference_of(memory: Any, state: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], set[str]] | None:
+    """What a state of ``memory`` (a :class:`~lola.engine.state.LayerState`) holds, for
+    :func:`check_state`: ``(tensors, follow)``.
+
+    Once allocated, its own tensors (``follow`` empty: every dtype is fixed). Before, the
+    tensors of a twin allocated for one row on the ``meta`` device (no memory is used),
+    for the :attr:`layout` its layer declared or, without one, the geometry read off
+    ``state``'s ``linear.H`` and ``window.k``; ``follow`` names the tensors whose dtype is
+    the keys' and values' (the twin is allocated twice, in two dtypes, to tell them).
+    ``None`` when neither tells the geometry, or when a custom part cannot be copied or
+    allocated on ``meta`` (the checks that need no reference still run).
+    """
+    if memory.allocated:
+        return memory.state_dict(), set()
+    layout = memory.layout or layout_of(state or {}, memory.linear.name, memory.window.name)
+    if layout is None:
+        return None
+    twins = []
+    for dtype in (torch.float16, torch.bfloat16):
+        try:
+            parts = copy.deepcopy((memory.sinks, memory.window, memory.sparse, memory.linear, memory.queries))  # unallocated: no tensors to copy
+            twin = type(memory)(
+                sinks=parts[0],
+                window=parts[1],
+                sparse=parts[2],
+                linear=parts[3],
+                queries=parts[4],
+                policy=memory.policy,
+                schedule=memory.schedule,
+                gqa_storage=memory.gqa_storage,
+            )
+            twin.allocate(1, layout.num_heads, layout.storage_heads, layout.head_dim, layout.feature_dim, dtype, torch.device("meta"))
+        except Exception:  # a custom part that cannot be copied or allocated on meta
+            return None
+        twins.append(twin.state_dict())
+    a, b = twins
+    return a, {k for k in a if a[k].dtype != b[k].dtype}

@@ -482,7 +482,7 @@ def compose(
         # That rule reads exact tokens alone: a head that holds none would output zeros.
         windows = cfg.window_per_head or [cfg.window] * storage
         sparse = cfg.sparse_size_per_head or [cfg.sparse_size] * storage
-        empty = [h for h in range(storage) if cfg.sinks + windows[h] + sparse[h] == 0]
+        empty = [(head_offset or 0) + h for h in range(storage) if cfg.sinks + windows[h] + sparse[h] == 0]  # the layer's head indices
         if empty:
             where = f"layer {layer}: " if layer is not None else ""
             raise ValueError(

@@ -42,6 +42,13 @@ def test_zscore_of_two_candidates_is_exactly_plus_and_minus_one(a, b, empty):
     assert (zscore(x, valid) + zscore(-x, valid)).abs().max() == 0  # opposite parts: an exact tie
 
 
+def test_a_nan_score_of_two_candidates_stays_nan_for_the_step_to_refuse():
+    x = torch.tensor([[[float("nan"), 3.0, 0.0], [1.0, float("nan"), 2.0]]])
+    valid = torch.tensor([[[True, True, False], [True, True, True]]])
+    z = zscore(x, valid)
+    assert torch.isnan(z[0, 0, :2]).all() and torch.isnan(z[0, 1]).all()
+
+
 def test_a_prefill_split_keeps_what_fusion_keeps_in_one_call():
     # a counterexample once found by test_invariant5: two candidates a step, the parts disagree
     from tests.oracles import assert_rel_close

@@ -617,7 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
     exp.add_argument("--feature-maps", dest="feature_maps", help="a `lola linearize` folder or shipped name (default: none, training-free LoLA)")
     exp.add_argument(
-        "--config", help="a JSON or YAML file of LoLAConfig fields (default: the lola method as `lola niah` runs it, with the model's calibrated budgets)"
+        "--config",
+        help="a JSON or YAML file of LoLAConfig fields (default: the lola method as `lola niah` runs it, with the budgets calibrated for --feature-maps, else the model's)",
     )
     exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="dtype of the saved weights (default float32)")
     exp.add_argument("--vllm", action="store_true", help="name the lola-vllm plug-in's architecture in config.json (`vllm serve FOLDER`)")

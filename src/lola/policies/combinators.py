@@ -43,7 +43,8 @@ def zscore(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     high = torch.where(valid, x, float("-inf")).amax(dim=-1, keepdim=True)
     low = torch.where(valid, x, float("inf")).amin(dim=-1, keepdim=True)
     pair = torch.where(high == low, 0.0, torch.where(x == high, 1.0, -1.0))
-    return torch.where(valid, torch.where(count == 2, pair, z), 0.0)
+    # (a NaN score stays NaN, for the step's check to refuse: it compares equal to nothing)
+    return torch.where(valid, torch.where((count == 2) & ~torch.isnan(x).any(dim=-1, keepdim=True), pair, z), 0.0)
 
 
 class _Composite:

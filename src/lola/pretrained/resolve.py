@@ -47,7 +47,8 @@ __all__ = [
 ]
 
 AUTO_BUDGETS = "auto"
-"""The budgets name that means: the model's shipped calibrated budgets where they apply."""
+"""The budgets name that means: where they apply, the budgets calibrated for the feature maps a
+run applies, else the model's shipped calibrated budgets (:func:`resolve_budgets`)."""
 
 
 def resolve_config(

@@ -13,8 +13,8 @@ logger = init_logger(__name__)
 
 class LoLAModelConfig(VerifyAndUpdateConfig):
     """Refuse what a constant-size state cannot do; one state page per sequence, or, with
-    prefix caching, vLLM's Mamba ``align`` mode: a page per ``block_size`` tokens a request
-    has seen, the running state copied forward at block boundaries and cached there."""
+    prefix caching, vLLM's Mamba ``align`` mode: the running state copied forward into a new
+    page at block boundaries, the page it leaves cached (about two live pages per request)."""
 
     @classmethod
     def verify_and_update_config(cls, vllm_config) -> None:

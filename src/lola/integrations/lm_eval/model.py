@@ -103,9 +103,9 @@ def lola_config_from_args(
         model_name: the registered model name, for ``budgets="auto"``.
         feature_maps: a ``lola linearize`` folder or a shipped name (e.g.
             ``"smollm2-135m-instruct"``); its trained fields fill what the config leaves unset.
-        budgets: per-head sparse budgets: ``"auto"`` (the model's shipped budgets when
-            ``model_name`` has them and the config sets no per-head or per-layer sparse sizes,
-            else uniform), ``"uniform"`` / ``None``, a shipped name or a ``lola calibrate`` file.
+        budgets: per-head sparse budgets: ``"auto"`` (when the config sets no per-head or
+            per-layer sparse sizes: the budgets calibrated for ``feature_maps`` if they carry any,
+            else ``model_name``'s shipped budgets if it has any, else uniform), ``"uniform"`` / ``None``, a shipped name or a ``lola calibrate`` file.
         **fields: LoLAConfig fields; they override the file's.
     """
     _check_name_or_path("model_args lola_config", lola_config, (str, os.PathLike, dict, LoLAConfig))

@@ -76,7 +76,7 @@ def partials_from_logits(s: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor
 
 
 RAGGED_BY_HEAD_WORK = 1 << 16
-"""Scores of other storage heads' slots (``G·L·S·(Hs − 1)``) above which a read of a ragged run
+"""Scores of other storage heads' slots (``B·G·L·S·(Hs − 1)``) above which a read of a ragged run
 is computed head by head (:func:`partials_ragged_by_head`) rather than masked
 (:func:`partials_ragged_masked`). On two CPU cores the head-by-head form costs a few tenths
 of a millisecond more in calls and saves the masked scores: a prefill block of 64 queries

@@ -144,16 +144,16 @@ def partials_ragged_by_head(
     G = H // Hs
     qf = q.float().reshape(B, Hs, G * L, D)
     dense = masked_logits(q, k, q_pos, k_pos, scale).view(B, Hs, G * L, N)
-    m = dense.amax(-1) if N > 0 else dense.new_full(dense.shape[:-1], float("-inf"))  # [B, Hs, G*L]
-    runs = []
+    m_dense = dense.amax(-1) if N > 0 else dense.new_full(dense.shape[:-1], float("-inf"))  # [B, Hs, G*L]
+    runs, maxima = [], []
     for h, (a, b) in enumerate(zip(ragged.offsets, ragged.offsets[1:])):
         s = scale * (qf[:, h] @ ragged.k[:, a:b].float().transpose(-1, -2))  # [B, G*L, S_h]
         rp = ragged.pos[:, None, None, a:b]  # [B, 1, 1, S_h]
         visible = (rp >= 0) if q_pos is None else (rp >= 0) & (rp <= q_pos[:, None, :, None])  # [B, 1 or G, L, S_h]
         s = s.view(B, G, L, b - a).masked_fill(~visible, float("-inf")).view(B, G * L, b - a)
         runs.append(s)
-        if b > a:
-            m = m.index_copy(1, torch.tensor([h], device=m.device), torch.maximum(m[:, h], s.amax(-1))[:, None])
+        maxima.append(torch.maximum(m_dense[:, h], s.amax(-1)) if b > a else m_dense[:, h])
+    m = torch.stack(maxima, 1)  # (no per-head index tensor: nothing copied to the device per call)
     shift = m.clamp_min(torch.finfo(torch.float32).min)[..., None]  # as partials_from_logits
     p = torch.exp(dense - shift)
     num, den = p @ v.float(), p.sum(-1)  # [B, Hs, G*L, D], [B, Hs, G*L]

@@ -19,6 +19,7 @@ import torch
 
 from lola.kernels.ragged import RaggedSlots
 from lola.memory.blocks import EMPTY, KVBlock
+from lola.memory.head_runs import HeadRuns
 
 __all__ = ["SlotBuffer"]
 
@@ -34,7 +35,7 @@ class SlotBuffer:
     def __init__(self, regions: list[tuple[str, int | list[int]]]) -> None:
         self.regions: dict[str, tuple[int, int]] = {}
         self.ragged_name: str | None = None  # the region held ragged (per-head widths), if any
-        self.head_widths: tuple[int, ...] = ()
+        self.runs: HeadRuns | None = None  # its layout: head h's slots are runs.offsets[h]:offsets[h + 1] of one run per row
         start = 0
         for name, width in regions:
             if name in self.regions or name == self.ragged_name:
@@ -44,18 +45,27 @@ class SlotBuffer:
                     raise ValueError(f"one region may have per-head widths, got {self.ragged_name!r} and {name!r}")
                 if not width or min(int(w) for w in width) < 0:
                     raise ValueError(f"region {name!r} needs one width >= 0 per storage head, got {list(width)}")
-                self.ragged_name, self.head_widths = name, tuple(int(w) for w in width)
+                self.ragged_name, self.runs = name, HeadRuns(width)
                 continue
             self.regions[name] = (start, start + int(width))
             start += int(width)
         self.width = start
-        # Head h's slots of the ragged region are offsets[h]:offsets[h + 1] of one flat run per row.
-        self.offsets = tuple(int(x) for x in torch.tensor((0, *self.head_widths)).cumsum(0).tolist()) if self.ragged_name else ()
         self.whole: KVBlock | None = None  # the buffer's tensors (None before allocation)
         self.run: KVBlock | None = None  # the ragged region's run, [B, 1, Σ widths, ·] (None without one)
         self._views: dict = {}
         self.shared = False  # a snapshot refers to the current tensors: the next write copies
         self.run_shared = False  # the same for the ragged run
+
+    @property
+    def head_widths(self) -> tuple[int, ...]:
+        """The ragged region's width per storage head (``()`` without one)."""
+        return self.runs.widths if self.runs is not None else ()
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Head ``h``'s slots of the ragged region are ``offsets[h]:offsets[h + 1]`` of the run
+        (``()`` without one)."""
+        return self.runs.offsets if self.runs is not None else ()
 
     @property
     def allocated(self) -> bool:
@@ -101,17 +111,6 @@ class SlotBuffer:
         r = self.run
         return RaggedSlots(r.k[:, 0], r.v[:, 0], r.pos[:, 0], self.offsets)
 
-    def _padded_index(self, device: torch.device) -> torch.Tensor:
-        """``[Σ widths]`` int64: where each slot of the run sits in the padded view flattened over
-        ``(head, slot)``: head ``h``'s ``r``-th slot (run index ``offsets[h] + r``) at ``h · W + r``."""
-        key = ("index", str(device))
-        found = self._views.get(key)
-        if found is None:
-            w = max(self.head_widths)
-            flat = [h * w + r for h, width in enumerate(self.head_widths) for r in range(width)]
-            found = self._views[key] = torch.tensor(flat, dtype=torch.long, device=device)
-        return found
-
     def view(self, name: str) -> KVBlock:
         """Memory ``name``'s slots, ``[B, Hs, width, ·]`` views of the buffer (the same objects
         until the buffer's tensors are replaced). Read them; write through :meth:`write`.
@@ -123,34 +122,13 @@ class SlotBuffer:
             if self.whole is None:
                 raise RuntimeError("SlotBuffer is not allocated yet")
             if name == self.ragged_name:
-                found = self._views[name] = self._unpack()
+                found = self._views[name] = self.runs.unpack(self.run)
                 return found
             a, b = self.regions[name]
             w = self.whole
             found = KVBlock(w.k[:, :, a:b], w.v[:, :, a:b], w.pos[:, :, a:b], None if w.acc is None else w.acc[:, :, a:b])
             self._views[name] = found
         return found
-
-    def _unpack(self) -> KVBlock:
-        r, hs, w = self.run, len(self.head_widths), max(self.head_widths)
-        flat = self._padded_index(r.k.device)
-        b = r.k.shape[0]
-
-        def spread(t: torch.Tensor, fill: float) -> torch.Tensor:
-            out = t.new_full((b, hs * w, *t.shape[3:]), fill)
-            return out.index_copy(1, flat, t[:, 0]).view(b, hs, w, *t.shape[3:])
-
-        return KVBlock(spread(r.k, 0), spread(r.v, 0), spread(r.pos, EMPTY), None if r.acc is None else spread(r.acc, 0))
-
-    def _pack(self, block: KVBlock) -> KVBlock:
-        """The run of ``block [B, Hs, W, ·]``'s first ``width_h`` slots of each head (those past
-        a head's width are empty by the region's contract: the sparse cache keeps ``λ_h``)."""
-        flat = self._padded_index(block.pos.device)
-
-        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.flatten(1, 2).index_select(1, flat).unsqueeze(1)
-
-        return KVBlock(pick(block.k), pick(block.v), pick(block.pos), pick(block.acc))
 
     def snapshot(self) -> KVBlock:
         """The whole buffer as it is now, kept intact: the next write replaces the tensors
@@ -173,7 +151,7 @@ class SlotBuffer:
         if not changed:
             return
         if name == self.ragged_name:
-            self._write_run(block, changed)
+            self.write_run(self.runs.pack(block), changed)
             return
         if self.shared or torch.is_grad_enabled():
             # Every field is replaced (the unchanged ones cloned): neither a snapshot nor a tensor
@@ -188,14 +166,24 @@ class SlotBuffer:
                 else:
                     new[f] = torch.slice_scatter(old, getattr(block, f).to(old.dtype), dim=2, start=a, end=b)
             self.whole, self.shared = KVBlock(**new), False
-            self._views = {k: v for k, v in self._views.items() if k == self.ragged_name or isinstance(k, tuple)}
+            self._views = {k: v for k, v in self._views.items() if k == self.ragged_name}
             return
         for f in changed:
             getattr(view, f).copy_(getattr(block, f))
 
-    def _write_run(self, block: KVBlock, changed: list[str]) -> None:
-        packed = self._pack(block)
+    def write_run(self, packed: KVBlock, changed: list[str] | None = None) -> None:
+        """Make the ragged region hold the run ``packed [B, 1, Σ widths, ·]`` (the fields in
+        ``changed``; all by default): in place, or copy-on-write while a snapshot holds the run
+        or autograd is on."""
         r = self.run
+        if r is None:
+            raise RuntimeError(f"{self!r} holds no ragged run (not allocated, or no region has per-head widths)")
+        if tuple(packed.pos.shape) != tuple(r.pos.shape) or packed.k.shape != r.k.shape or packed.v.shape != r.v.shape:
+            raise ValueError(f"a run of shape {tuple(r.pos.shape)} was expected for {self!r}, got {tuple(packed.pos.shape)}")
+        if changed is None:
+            changed = ["k", "v", "pos", *(["acc"] if r.acc is not None else [])]
+            if r.acc is not None and packed.acc is None:
+                raise ValueError(f"memory {self.ragged_name!r} wrote a run without its attention tallies (acc)")
         if not self.run_shared and not torch.is_grad_enabled():
             for f in changed:
                 getattr(r, f).copy_(getattr(packed, f))

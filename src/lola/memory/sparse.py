@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lola.memory.base import EMPTY, ExactStore, KVBlock, drop_unless_declared
+from lola.memory.base import ExactStore, KVBlock, drop_unless_declared
+from lola.memory.head_runs import HeadRuns
 
 __all__ = ["SparseCache"]
 
@@ -41,51 +42,28 @@ class SparseCache(ExactStore):
         if not sizes or min(sizes) < 0:
             raise ValueError(f"sparse cache size must be >= 0 (or a non-empty list of such), got {size}")
         self.head_sizes = sizes if isinstance(size, (list, tuple)) else None
+        self.runs = HeadRuns(sizes) if self.head_sizes is not None else None  # the saved (and held) layout
         super().__init__(max(sizes))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.head_sizes if self.head_sizes else self.capacity})"
 
     # -- the ragged saved state (per-head sizes) -------------------------------------------------
-    def _segments(self) -> list[tuple[int, int]]:
-        out, start = [], 0
-        for n in self.head_sizes or []:
-            out.append((start, n))
-            start += n
-        return out
+    def _own_run(self) -> KVBlock | None:
+        """The run this store's slots are held in, when its composer holds them ragged (a view)."""
+        slots = self._slots
+        if slots is not None and slots.ragged_name == self.name and slots.allocated:
+            return slots.run
+        return None
 
     def _pack(self, block: KVBlock) -> KVBlock:
         """Head ``h``'s first ``λ_h`` slots, one after another: ``[B, 1, Σ λ_h, ·]``."""
         if block.pos.shape[1] != len(self.head_sizes):
             raise ValueError(f"sparse cache has {len(self.head_sizes)} per-head sizes for {block.pos.shape[1]} storage heads")
-        slot = torch.arange(block.size, device=block.pos.device)
-        beyond = slot >= torch.tensor(self.head_sizes, device=block.pos.device).view(-1, 1)
         # (meta tensors hold no values: the layout a state must have is built on that device)
-        if block.pos.device.type != "meta" and bool((block.valid & beyond).any()):
+        if block.pos.device.type != "meta" and bool((block.valid & self.runs.beyond(block.pos.device)).any()):
             raise RuntimeError("a head holds more tokens than its sparse size (internal error)")
-        parts = [
-            (block.k[:, h, :n], block.v[:, h, :n], block.pos[:, h, :n], None if block.acc is None else block.acc[:, h, :n])
-            for h, (_, n) in enumerate(self._segments())
-        ]
-        k, v, pos = (torch.cat([p[i] for p in parts], dim=1).unsqueeze(1) for i in range(3))
-        acc = None if block.acc is None else torch.cat([p[3] for p in parts], dim=1).unsqueeze(1)
-        return KVBlock(k, v, pos, acc)
-
-    def _unpack(self, flat: KVBlock) -> KVBlock:
-        """The inverse of :meth:`_pack`: ``[B, Hs, max λ_h, ·]``, the slots past ``λ_h`` empty."""
-        b, _, _, d = flat.k.shape
-        hs, n = len(self.head_sizes), self.capacity
-        k = flat.k.new_zeros(b, hs, n, d)
-        v = flat.v.new_zeros(b, hs, n, d)
-        pos = flat.pos.new_full((b, hs, n), EMPTY)
-        acc = None if flat.acc is None else flat.acc.new_zeros(b, hs, n)
-        for h, (start, size) in enumerate(self._segments()):
-            k[:, h, :size] = flat.k[:, 0, start : start + size]
-            v[:, h, :size] = flat.v[:, 0, start : start + size]
-            pos[:, h, :size] = flat.pos[:, 0, start : start + size]
-            if acc is not None:
-                acc[:, h, :size] = flat.acc[:, 0, start : start + size]
-        return KVBlock(k, v, pos, acc)
+        return self.runs.pack(block)
 
     def observe_attention(self, weights: torch.Tensor) -> None:
         block = self._require()
@@ -96,7 +74,8 @@ class SparseCache(ExactStore):
         """Per-head sizes: the ragged ``k, v [B, 1, Σ λ_h, D]``, ``pos [B, 1, Σ λ_h]`` (and ``acc``)."""
         if self.head_sizes is None or self.block is None:
             return super().state_dict()
-        f = self._pack(self.block)
+        run = self._own_run()  # held ragged: handed over as it is (a copy), not padded and packed again
+        f = self._pack(self.block) if run is None else KVBlock(*(None if t is None else t.clone() for t in (run.k, run.v, run.pos, run.acc)))
         out = {"k": f.k, "v": f.v, "pos": f.pos}
         if f.acc is not None:
             out["acc"] = f.acc
@@ -116,7 +95,12 @@ class SparseCache(ExactStore):
                 f"SparseCache state with per-head sizes {self.head_sizes} must hold k, v [B, 1, {total}, D] and pos [B, 1, {total}], "
                 f"got k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}"
             )
-        self.block = self._unpack(KVBlock(k, v, pos, state.get("acc")))
+        run = KVBlock(k, v, pos, state.get("acc"))
+        held = self._own_run()
+        if held is not None and held.k.shape == k.shape:  # written into the held run as it is (a copy)
+            self._slots.write_run(KVBlock(k.to(held.k.dtype), v.to(held.v.dtype), pos, run.acc))
+        else:
+            self.block = self.runs.unpack(run)
 
     def select(self, candidates: KVBlock, scores: torch.Tensor, rows: torch.Tensor) -> KVBlock:
         """Keep the top-``size`` candidates by score; return the rest.

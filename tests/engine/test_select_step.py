@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola
-from lola.engine.select_step import _compact, select
+from lola.engine.select_step import _compaction, select
 from lola.memory.blocks import EMPTY, KVBlock
 
 
@@ -18,7 +18,8 @@ def test_compact_keeps_every_token_in_the_width_of_the_fullest_head(b, hs, n, da
     pos = torch.where(valid, torch.arange(b * hs * n).view(b, hs, n), EMPTY)
     k = torch.randn(b, hs, n, 4)
     block = KVBlock(k, k + 1, pos, None)
-    out = _compact(block)
+    order = _compaction(block.valid)
+    out = block if order is None else block.gather(order)
     e = int(valid.sum(-1).amax()) if valid.numel() else 0
     assert out.pos.shape == (b, hs, e)
     for i in range(b):
@@ -64,6 +65,31 @@ def test_select_keeps_the_top_scores_and_returns_every_other_candidate_to_fold(e
     assert len(after_window) == window
     # Both query heads of the storage head fold the same tokens, with their own features.
     assert torch.equal(mask[0, 0], mask[0, 1]) and fk.shape[:3] == v.shape[:3] == mask.shape
+
+
+@pytest.mark.parametrize("policy", ["sre", "recency"])
+def test_the_folded_tokens_features_are_those_of_their_keys(policy):
+    """SRE computes every candidate's features and the fold takes the evicted ones' from them;
+    recency computes none and the fold computes them: either way each folded token's features
+    are the key feature map of its own key, for each query head."""
+    cfg = lola.LoLAConfig(window=4, sparse_size=3, sinks=1, chunk=6, policy=policy)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(2, 11, 4, 8, generator=g), torch.randn(2, 11, 2, 8, generator=g), torch.randn(2, 11, 2, 8, generator=g)
+    with torch.no_grad():
+        _, state = attn(q, k, v)
+        keys = {}  # position -> key, per (row, storage head)
+        for m in state.exact_memories:
+            b = m.block
+            for i, h, j in (b.pos >= 0).nonzero().tolist():
+                keys[(i, h, int(b.pos[i, h, j]))] = b.k[i, h, j].clone()  # (the slots are written in place)
+        fk, _, mask, pos = select(state, torch.tensor([True, True]), attn.feature_map_k, attn.scale)
+        assert mask.any()
+        for i, qh, j in mask.nonzero().tolist():
+            key = keys[(i, qh // 2, int(pos[i, qh, j]))]
+            one = torch.zeros(1, 4, 1, 8)
+            one[0, qh, 0] = key
+            torch.testing.assert_close(fk[i, qh, j], attn.feature_map_k(one)[0, qh, 0], rtol=1e-5, atol=1e-6)
 
 
 def test_select_leaves_rows_that_do_not_step_unchanged():

@@ -60,9 +60,14 @@ def select(state: LayerState, rows: torch.Tensor, feature_map_k: FeatureFn, scal
     if getattr(state.policy, "keeps_scores", False) and state.sparse.capacity > 0:
         # The cached tokens carry the kept scores to the next step, in the slots' tallies.
         candidates = KVBlock(candidates.k, candidates.v, candidates.pos, _kept(state.policy, ctx, candidates))
-    evicted = _compact(state.sparse.select(candidates, scores, rows))
+    evicted = state.sparse.select(candidates, scores, rows)
+    order = _compaction(evicted.valid)
+    # (the features come from the candidates' when the policy computed them: SRE does)
+    fk = ctx.key_features(evicted, order)
+    if order is not None:
+        evicted = evicted.gather(order)
     g = ctx.group(evicted)
-    return ctx.key_features(evicted), ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g), ctx.expand_heads(evicted.pos, g)
+    return fk, ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g), ctx.expand_heads(evicted.pos, g)
 
 
 def _kept(policy: object, ctx: ScoringContext, candidates: KVBlock) -> torch.Tensor:
@@ -98,19 +103,18 @@ def _score(policy: object, candidates: KVBlock, ctx: ScoringContext) -> torch.Te
     return scores
 
 
-def _compact(block: KVBlock) -> KVBlock:
-    """On a host device, ``block``'s tokens in ``[B, Hs, E]`` slots, ``E`` the most any (row,
-    head) holds: moved to the front in slot order when ``E`` is below the width, the block as it
-    is when a (row, head) fills it. A step evicts about as many tokens as left the window,
-    out of the window's and the whole cache's slots, so the features and the fold cost ``E``
-    slots, not all of them. On an accelerator the block as it is (``E`` would be read back)."""
-    valid = block.valid
+def _compaction(valid: torch.Tensor) -> torch.Tensor | None:
+    """On a host device, the ``[B, Hs, E]`` slots that put the valid ones of ``valid [B, Hs, N]``
+    first in slot order, ``E`` the most any (row, head) holds; ``None`` when a (row, head) fills
+    the width (nothing to drop). A step evicts about as many tokens as left the window, out of
+    the window's and the whole cache's slots, so the features and the fold cost ``E`` slots,
+    not all of them. On an accelerator ``None`` (``E`` would be read back)."""
     if not reads_back(valid.device) or valid.numel() == 0:
-        return block
+        return None
     e = int(valid.sum(-1).amax())
     if e == valid.shape[-1]:
-        return block
-    return block.gather(torch.argsort((~valid).to(torch.uint8), dim=-1, stable=True)[..., :e])
+        return None
+    return torch.argsort((~valid).to(torch.uint8), dim=-1, stable=True)[..., :e]
 
 
 def _check_scores(scores: torch.Tensor, valid: torch.Tensor, policy: object) -> None:

@@ -79,14 +79,23 @@ class ScoringContext:
         x = x.unflatten(1, (-1, group))
         return x.mean(dim=2) if how == "mean" else x.amax(dim=2)
 
-    def key_features(self, block: KVBlock) -> torch.Tensor:
-        """``φ(k)`` of the block's keys for every query head, ``[B, H, N, F]`` float32.
+    def key_features(self, block: KVBlock, index: torch.Tensor | None = None) -> torch.Tensor:
+        """``φ(k)`` of the block's keys for every query head, ``[B, H, N, F]`` float32; with
+        ``index [B, Hs, M]`` (int64 slots of the block), those slots' only, ``[B, H, M, F]``.
 
-        Computed once per key tensor within a step (the policy scores the candidates, the
-        composer folds the evicted ones: the same keys).
+        Computed once per key tensor within a step: the policy scores the candidates, the
+        composer folds the evicted ones (the same keys, some of their slots), and the features
+        of a token depend on that token alone.
         """
-        if self._features is not None and self._features[0] is block.k:
-            return self._features[1]
+        memo = self._features
+        if memo is not None and memo[0] is block.k:
+            fk = memo[1]
+            if index is None:
+                return fk
+            at = self.expand_heads(index, self.group(block))
+            return fk.gather(2, at.unsqueeze(-1).expand(*at.shape, fk.shape[-1]))
+        if index is not None:
+            block = block.gather(index)
         fk = self.feature_map_k(self.expand_heads(block.k, self.group(block)))
         self._features = (block.k, fk)
         return fk

@@ -59,6 +59,12 @@ def test_models_load_linearized(registered):
 
 
 def test_a_damaged_or_missing_file_is_refused(registered):
+    read_feature_maps("tiny-maps")  # verified once: a file damaged later is verified again
+    data = bytearray((registered / "feature_maps.safetensors").read_bytes())
+    data[-1] ^= 0xFF  # the same size
+    (registered / "feature_maps.safetensors").write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="sha256"):
+        read_feature_maps("tiny-maps")
     (registered / "feature_maps.safetensors").write_bytes(b"\x00" * 10)
     with pytest.raises(RuntimeError, match="sha256"):
         read_feature_maps("tiny-maps")

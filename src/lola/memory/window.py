@@ -69,6 +69,15 @@ class SlidingWindow(ExactStore):
                 f"at least every {self.max_pending} tokens"
             )
         idx = slot[:, None, :].expand(-1, hs, -1)
+        if self._writes_in_place() and k.shape[2] <= cap and bool(store.all()):
+            # every token has a slot of its own (no scratch slot needed): scattered in place
+            at = idx.unsqueeze(-1).expand(*idx.shape, k.shape[-1])
+            block.k.scatter_(2, at, k.to(block.k.dtype))
+            block.v.scatter_(2, at, v.to(block.v.dtype))
+            block.pos.scatter_(2, idx, pos[:, None, :].expand(-1, hs, -1))
+            if block.acc is not None:
+                block.acc.scatter_(2, idx, 0.0)
+            return
         self.block = KVBlock(
             _put(block.k, idx, k),
             _put(block.v, idx, v),

@@ -112,7 +112,11 @@ class ScoringPolicy(Protocol):
     with ``query_half_life``) to get running query statistics in ``ctx.queries``. A policy that
     sets ``keeps_scores = True`` (one of its parts, :class:`~lola.policies.ScoredAtExit`, sets
     ``ctx.kept`` while scoring) has the composer keep those values in the slots' tallies, and
-    read them back as ``candidates.acc`` at the next step.
+    read them back as ``candidates.acc`` at the next step. A policy whose score of one storage
+    head reads another head's candidates sets ``couples_heads = True``: a layer split by heads
+    (:func:`lola.compose` with ``heads=``, a tensor-parallel rank) refuses it, since a share
+    sees only its own heads (a score of each head's own candidates, with the head's index from
+    ``ctx.head_offset``, splits exactly).
     """
 
     needs_attention: bool

@@ -72,10 +72,24 @@ def shipped_folder(name: str) -> Path:
         path = folder / file
         if not path.is_file():
             raise RuntimeError(f"the shipped feature maps {name!r} lack {path}; reinstall lola")
-        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        got = _sha256(path)
         if got != digest:
             raise RuntimeError(f"{path} has sha256 {got}, expected {digest}; reinstall lola (not loading a damaged file)")
     return folder
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _sha256(path: Path) -> str:
+    """The file's sha256, hashed again only when the file changed (its inode, size or
+    modification time): a run asks for the shipped folder once per method and lookup."""
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    found = _DIGESTS.get(key)
+    if found is None:
+        found = _DIGESTS[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
 
 
 def resolve_feature_maps(name_or_path: str | os.PathLike) -> Path:

@@ -74,12 +74,16 @@ def main() -> None:
         steps.append(round((time.perf_counter() - before) * 1000))
     profile.disable()
     wall = time.perf_counter() - t0
-    print(f"{args.method}: {args.prompts} prompts of {args.context} tokens in {wall:.2f} s under the profiler: {args.prompts * args.context / wall:.0f} prompt tokens/s")
+    print(
+        f"{args.method}: {args.prompts} prompts of {args.context} tokens in {wall:.2f} s under the profiler: {args.prompts * args.context / wall:.0f} prompt tokens/s"
+    )
     budget = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     print(f"engine steps: {len(steps)} (token budget per step {budget}); ms per step: {steps}")
     if calls is not None:
         layers = llm.apply_model(lambda m: sum(1 for x in m.modules() if hasattr(x, "get_state_shape")))[0]
-        print(f"lola layer calls per layer: prefill sequences {calls['prefill_seqs'] / layers:.0f}, batched prefill calls {calls['prefill_batches'] / layers:.0f}")
+        print(
+            f"lola layer calls per layer: prefill sequences {calls['prefill_seqs'] / layers:.0f}, batched prefill calls {calls['prefill_batches'] / layers:.0f}"
+        )
     stats = pstats.Stats(profile)
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats("lola|attention|attn", args.top)

@@ -92,3 +92,17 @@ def test_a_store_held_ragged_saves_its_run_as_a_store_on_its_own_does(widths, ba
         assert torch.equal(saved_alone[key], saved_held[key])
     assert saved_held["k"].data_ptr() != slots.run.k.data_ptr()  # a copy: the run is written in place later
     assert torch.equal(held.block.k, block.k) and torch.equal(held.block.pos, block.pos)
+    # Loaded as a copy (with autograd on, the copy-on-write path): a later in-place write of the
+    # run leaves the loaded state and another store loaded from it untouched.
+    other_slots = SlotBuffer([("sparse", widths)])
+    other = SparseCache(widths)
+    other.bind(other_slots)
+    other_slots.allocate(batch, len(widths), 3, torch.float32, torch.device("cpu"), False)
+    source = alone.state_dict()
+    kept = {key: t.clone() for key, t in source.items()}
+    held.load_state_dict(source)
+    other.load_state_dict(source)
+    with torch.no_grad():
+        slots.run.k.add_(1.0)
+    assert all(torch.equal(source[key], kept[key]) for key in kept)
+    assert torch.equal(other_slots.run.k, kept["k"])

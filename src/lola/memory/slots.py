@@ -191,7 +191,9 @@ class SlotBuffer:
             new = {}
             for f in ("k", "v", "pos", "acc"):
                 old = getattr(r, f)
-                new[f] = None if old is None else (getattr(packed, f).to(old.dtype) if f in changed else old.clone())
+                new[f] = (
+                    None if old is None else (getattr(packed, f).to(device=old.device, dtype=old.dtype, copy=True) if f in changed else old.clone())
+                )  # never the caller's tensor
             self.run, self.run_shared = KVBlock(**new), False
         self._views.pop(self.ragged_name, None)
 

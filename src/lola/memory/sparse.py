@@ -75,7 +75,11 @@ class SparseCache(ExactStore):
         if self.head_sizes is None or self.block is None:
             return super().state_dict()
         run = self._own_run()  # held ragged: handed over as it is (a copy), not padded and packed again
-        f = self._pack(self.block) if run is None else KVBlock(*(None if t is None else t.clone() for t in (run.k, run.v, run.pos, run.acc)))
+        f = (
+            self._pack(self.block)
+            if run is None
+            else KVBlock(*(None if t is None else t.clone(memory_format=torch.contiguous_format) for t in (run.k, run.v, run.pos, run.acc)))
+        )
         out = {"k": f.k, "v": f.v, "pos": f.pos}
         if f.acc is not None:
             out["acc"] = f.acc

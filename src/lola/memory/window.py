@@ -69,7 +69,8 @@ class SlidingWindow(ExactStore):
                 f"at least every {self.max_pending} tokens"
             )
         idx = slot[:, None, :].expand(-1, hs, -1)
-        if self._writes_in_place() and k.shape[2] <= cap and bool(store.all()):
+        in_place = self._writes_in_place() and (torch.is_inference_mode_enabled() or not block.k.is_inference())
+        if in_place and k.shape[2] <= cap and bool(store.all()):
             # every token has a slot of its own (no scratch slot needed): scattered in place
             at = idx.unsqueeze(-1).expand(*idx.shape, k.shape[-1])
             block.k.scatter_(2, at, k.to(block.k.dtype))

@@ -83,9 +83,9 @@ _DIGESTS: dict[tuple, str] = {}
 
 def _sha256(path: Path) -> str:
     """The file's sha256, hashed again only when the file changed (its inode, size or
-    modification time): a run asks for the shipped folder once per method and lookup."""
+    modification and change times): a run asks for the shipped folder once per method and lookup."""
     st = path.stat()
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # (ctime: no tool sets it back)
     found = _DIGESTS.get(key)
     if found is None:
         found = _DIGESTS[key] = hashlib.sha256(path.read_bytes()).hexdigest()

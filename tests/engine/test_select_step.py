@@ -67,12 +67,16 @@ def test_select_keeps_the_top_scores_and_returns_every_other_candidate_to_fold(e
     assert torch.equal(mask[0, 0], mask[0, 1]) and fk.shape[:3] == v.shape[:3] == mask.shape
 
 
-@pytest.mark.parametrize("policy", ["sre", "recency"])
-def test_the_folded_tokens_features_are_those_of_their_keys(policy):
+@pytest.mark.parametrize("sparse_size", [3, (5, 1)])
+@pytest.mark.parametrize("policy", ["sre", "recency", "at_exit", "distinct"])
+def test_the_folded_tokens_features_are_those_of_their_keys(policy, sparse_size):
     """SRE computes every candidate's features and the fold takes the evicted ones' from them;
-    recency computes none and the fold computes them: either way each folded token's features
-    are the key feature map of its own key, for each query head."""
-    cfg = lola.LoLAConfig(window=4, sparse_size=3, sinks=1, chunk=6, policy=policy)
+    recency computes none and the fold computes them; a policy that keeps its scores (``at_exit``)
+    hands the step a rebuilt block over the same keys, and ``distinct`` wraps SRE: each way,
+    uniform or per-head budgets, each folded token's features are the key feature map of its
+    own key, for each query head."""
+    sizes = dict(sparse_size=sparse_size) if isinstance(sparse_size, int) else dict(sparse_size_per_head=list(sparse_size))
+    cfg = lola.LoLAConfig(window=4, sinks=1, chunk=6, policy=policy, **sizes)
     attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
     g = torch.Generator().manual_seed(1)
     q, k, v = torch.randn(2, 11, 4, 8, generator=g), torch.randn(2, 11, 2, 8, generator=g), torch.randn(2, 11, 2, 8, generator=g)

@@ -3,6 +3,8 @@ and reordered."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lola
 
@@ -53,3 +55,38 @@ def test_gqa_storage_is_the_configs_name_and_the_old_one_still_works():
         assert old.storage == "query_head"
     with pytest.raises(ValueError, match="gqa_storage must be 'kv_head' or 'query_head'"):
         lola.LoLAMemory(**parts(), gqa_storage="head")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 9), min_size=3, max_size=3),
+    policy=st.sampled_from(["sre", "recency", "attention", "at_exit"]),
+    batch=st.integers(1, 3),
+    query=st.booleans(),
+)
+def test_the_bytes_held_are_the_bytes_saved(sizes, policy, batch, query):
+    """A layer holds what its state_dict saves, byte for byte, with per-head sparse sizes (held
+    ragged, no head padded to the largest) and with the tallies a policy keeps; and the same
+    total of sparse slots costs the uniform layer's bytes however it is spread over the heads."""
+    from hypothesis import assume
+
+    assume(sum(sizes) % 3 == 0)
+
+    def state(sparse):
+        memory = lola.LoLAMemory(
+            window=lola.memory.SlidingWindow(4, max_pending=4),
+            sparse=lola.memory.SparseCache(sparse),
+            policy=lola.policies.build(policy),
+            schedule=lola.schedules.build("chunkwise", chunk=4),
+            sinks=lola.memory.SinkTokens(2),
+            gqa_storage="query_head" if query else "kv_head",
+        )
+        storage = 6 if query else 3
+        memory.allocate(batch, 6, storage, 8, 16, torch.float32, torch.device("cpu"))
+        return memory
+
+    per_head = sizes * 2 if query else sizes
+    ragged = state(per_head)
+    saved = sum(t.nbytes for t in ragged.state_dict().values())
+    assert ragged.nbytes() == saved
+    assert saved == state(sum(per_head) // len(per_head)).nbytes()

@@ -1,4 +1,5 @@
 import math
+import types
 from dataclasses import dataclass
 
 import pytest
@@ -103,6 +104,36 @@ def test_span_pooling_takes_the_max_over_nearby_positions():
                 continue
             near = [float(inner[0, h, i]) for i, q in enumerate(pos[0][h]) if q >= 0 and abs(q - p) <= 1]
             assert float(out[0, h, j]) == max(near)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), fresh=st.integers(0, 6), radius=st.integers(0, 3))
+def test_span_pooling_among_the_cached_pools_over_the_cache_only(data, fresh, radius):
+    """``among="cached"``: a candidate's score is the max of its own and those of the cached
+    candidates (after ``ctx.fresh``) within ``radius`` positions; a token leaving the window
+    lifts no neighbour, and outside a step (no ``ctx.fresh``) nothing is cached."""
+    pos = data.draw(st.lists(st.lists(st.integers(-1, 12), min_size=6, max_size=6), min_size=2, max_size=2))
+    cand = cand_block([pos])
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    inner = torch.randn(1, 2, 6, generator=g)
+
+    class Fixed:
+        def score(self, candidates, ctx):
+            return inner
+
+    policy = SpanPooling(policy="recency", radius=radius, among="cached")
+    object.__setattr__(policy, "parts", (Fixed(),))
+    out = policy.score(cand, types.SimpleNamespace(fresh=fresh))
+    for h in range(2):
+        for j, p in enumerate(pos[h]):
+            if p < 0:
+                assert float(out[0, h, j]) == float(inner[0, h, j])
+                continue
+            near = [float(inner[0, h, i]) for i, q in enumerate(pos[h]) if i >= fresh and q >= 0 and abs(q - p) <= radius]
+            assert float(out[0, h, j]) == max([float(inner[0, h, j])] + near)
+    assert torch.equal(policy.score(cand, types.SimpleNamespace(fresh=None)), inner)
+    with pytest.raises(ValueError, match="among"):
+        SpanPooling(among="window")
 
 
 def test_span_pooling_across_heads_shares_spans():
@@ -485,3 +516,21 @@ def test_a_policy_that_keeps_scores_must_set_them():
             run_drawn("keeps_nothing_test", {}, 20, 2, 3, 2, "chunkwise", 0)
     finally:
         lola.policies.unregister("keeps_nothing_test")
+
+
+@settings(max_examples=20, deadline=None)
+@given(split=st.integers(1, 29), seed=seeds)
+def test_span_pooling_among_the_cached_resumes_where_it_stopped(split, seed):
+    """What is cached is the layer's state, not the call's: a prefill split in two gives the
+    outputs and state of one call (the cache's tokens are known after a resume too)."""
+    cfg = lola.LoLAConfig(window=4, sparse_size=5, sinks=1, chunk=4, policy="span", policy_kwargs={"policy": "sre", "radius": 2, "among": "cached"})
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(1, 30, 4, 8, generator=g), torch.randn(1, 30, 2, 8, generator=g), torch.randn(1, 30, 2, 8, generator=g)
+    with torch.no_grad():
+        whole, s_whole = attn(q, k, v)
+        first, s_split = attn(q[:, :split], k[:, :split], v[:, :split])
+        rest, s_split = attn(q[:, split:], k[:, split:], v[:, split:], state=s_split)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), whole, rtol=1e-4, atol=1e-5)
+    for name, t in s_whole.state_dict().items():
+        torch.testing.assert_close(s_split.state_dict()[name], t, rtol=1e-4, atol=1e-5)

@@ -140,23 +140,35 @@ class SpanPooling(_Composite):
     the inner scores of the candidates within ``radius`` positions of it, so that all tokens
     of a number and its key phrase rise and fall together.
 
+    With ``among="cached"`` a candidate pools over the tokens already in the sparse cache only
+    (the candidates after ``ctx.fresh``; none outside a select-and-evict step): a span stays
+    while its best token does, but a token leaving the window takes no neighbours in with it.
+    Pooling over every candidate lifts each outlier's neighbours too, ``2·radius + 1`` slots
+    for one; pooling over the cache alone guards what is held against being folded a token
+    at a time (self-recall error of a number's digits falls as its first digit folds:
+    docs/results.md, "Self-recall error at 8K: the needle erodes").
+
     Args:
         policy: a registered policy name.
         policy_kwargs: its keyword arguments.
         radius: positions on each side pooled over (``radius=2`` is a width-5 window).
         across_heads: pool over the candidates of every storage head of the layer, so the
             heads keep the same spans (scores are z-normalised per head first).
+        among: ``"candidates"`` (every candidate) or ``"cached"`` (the sparse cache's tokens).
     """
 
     policy: str = "sre"
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     radius: int = 2
     across_heads: bool = False
+    among: str = "candidates"
     parts: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.radius < 0:
             raise ValueError(f"radius must be >= 0, got {self.radius}")
+        if self.among not in ("candidates", "cached"):
+            raise ValueError(f"among must be 'candidates' or 'cached', got {self.among!r}")
         object.__setattr__(self, "parts", (_build(self.policy, self.policy_kwargs),))
 
     @property
@@ -167,15 +179,19 @@ class SpanPooling(_Composite):
         inner = self.parts[0].score(candidates, ctx).float()
         valid, pos = candidates.valid, candidates.pos
         b, hs, n = pos.shape
+        source = valid
+        if self.among == "cached":
+            fresh = n if ctx is None or ctx.fresh is None else ctx.fresh
+            source = valid & (torch.arange(n, device=valid.device) >= fresh)
         if self.across_heads:
             inner = zscore(inner, valid)
-            src_score, src_pos, src_valid = (x.reshape(b, 1, hs * n).expand(b, hs, hs * n) for x in (inner, pos, valid))
+            src_score, src_pos, src_valid = (x.reshape(b, 1, hs * n).expand(b, hs, hs * n) for x in (inner, pos, source))
         else:
-            src_score, src_pos, src_valid = inner, pos, valid
+            src_score, src_pos, src_valid = inner, pos, source
         near = (pos[..., :, None] - src_pos[..., None, :]).abs() <= self.radius  # [B, Hs, N, M]
         near = near & src_valid[..., None, :]
         pooled = torch.where(near, src_score[..., None, :], float("-inf")).amax(dim=-1)
-        return torch.where(valid, pooled, inner)
+        return torch.where(valid, torch.maximum(pooled, inner), inner)
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,9 @@ class SpanPooling(_Composite):
         near = (pos[..., :, None] - src_pos[..., None, :]).abs() <= self.radius  # [B, Hs, N, M]
         near = near & src_valid[..., None, :]
         pooled = torch.where(near, src_score[..., None, :], float("-inf")).amax(dim=-1)
-        return torch.where(valid, torch.maximum(pooled, inner), inner)
+        if self.among == "cached":  # a candidate is its own source only when every candidate is
+            pooled = torch.maximum(pooled, inner)
+        return torch.where(valid, pooled, inner)
 
 
 @dataclass(frozen=True)

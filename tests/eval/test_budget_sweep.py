@@ -49,6 +49,27 @@ def test_the_sweep_runs_every_point_resumes_and_plots(tmp_path):
     assert samples.read_text() == before
 
 
+def test_a_point_equal_to_an_earlier_one_is_not_generated_again(tmp_path, monkeypatch):
+    import lola.eval.niah_execution as execution
+
+    generated = []
+    generate_all = execution._generate_all
+
+    def counting(run, model, tokenizer, configs, todo, *args, **kwargs):
+        generated.append(len(todo))
+        return generate_all(run, model, tokenizer, configs, todo, *args, **kwargs)
+
+    monkeypatch.setattr(execution, "_generate_all", counting)
+    model, tok = tiny_random()
+    sweep = SWEEP.model_copy(update={"budgets": ["1/8", "2/16", "1/4"], "haystacks": ["noise"]})  # 2/16 is 1/8's run
+    rows = run_sweep(sweep, model, tok, tmp_path, progress=False)
+    assert generated == [4, 0, 4]  # four methods, one sample each; the repeat generates nothing
+    first, again = (tmp_path / f"noise-600-{b}" / "samples.jsonl" for b in ("1-8", "2-16"))
+    assert again.read_text() == first.read_text() and len(first.read_text().splitlines()) == 4
+    cells = {b: {r["method"]: r["accuracy"] for r in rows if r["budget"] == b} for b in ("1/8", "2/16")}
+    assert cells["1/8"] == cells["2/16"] and len(cells["1/8"]) == 4
+
+
 def test_the_command_prints_the_table(tmp_path, capsys):
     argv = ["sweep", "--model", "tiny-random-llama", "--feature-maps", "none", "--lengths", "600", "--budgets", "1/4", "--haystacks", "noise"]
     assert main([*argv, "--samples", "1", "--out", str(tmp_path)]) == 0

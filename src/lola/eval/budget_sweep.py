@@ -9,12 +9,15 @@ head: a sliding window (``window``), the window + linear hybrid (``hybrid``), Lo
 query heads per K/V head as on SmolLM2: a 256-token window and up to 768 sparse tokens; here 4
 sinks + a 252-token window + 768 sparse slots). The points are gathered into ``sweep.json``
 (accuracy with 95% Wilson intervals, cache bytes) and plotted against the exact tokens,
-one figure per haystack and a panel per length.
+one figure per haystack and a panel per length. A point whose run equals an earlier point's (at
+8K, 1/8 of the context is the paper's footprint) starts from that point's samples instead of
+generating them again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -134,11 +137,17 @@ def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pat
         if not Path(prose).is_file():
             write_files(out, {"prose.txt": " ".join(topics.values())}, writer="lola sweep")
     rows = []
+    first_dir: dict[str, Path] = {}  # a point's run (as JSON) -> the folder of the first point that ran it
     for haystack in sweep.haystacks:
         for length in sweep.lengths:
             for budget in sweep.budgets:
                 run = point_run(sweep, haystack, length, budget, prose)
-                records = run_niah(run, model, tokenizer, out / f"{haystack}-{length}-{_label(budget)}", progress=progress, batch_size=batch_size)
+                point_dir = out / f"{haystack}-{length}-{_label(budget)}"
+                key = run.model_dump_json()
+                if key in first_dir:  # 1/8 of 8K is the paper's footprint: the same run is not generated twice
+                    _copy_samples(first_dir[key], point_dir)
+                first_dir.setdefault(key, point_dir)
+                records = run_niah(run, model, tokenizer, point_dir, progress=progress, batch_size=batch_size)
                 exact = run.sinks + run.window + run.sparse_size
                 for method, by in summarize(records).items():
                     cell = by[length]
@@ -147,6 +156,20 @@ def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pat
                 write_files(out, {SWEEP_FILE: body + "\n"}, writer="lola sweep")
     plot_sweep(rows, out)
     return rows
+
+
+def _copy_samples(source: Path, target: Path) -> None:
+    """Start ``target`` from ``source``'s saved samples (the same run), unless it holds results
+    of its own; :func:`~lola.eval.niah_execution.run_niah` then resumes it with nothing left to
+    generate, checking the copied run against its own as on any resume."""
+    from lola.eval.niah_records import RESULTS_FILE, SAMPLES_FILE
+
+    if (target / RESULTS_FILE).exists() or (target / SAMPLES_FILE).exists():
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for name in (RESULTS_FILE, SAMPLES_FILE):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
 
 
 def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:

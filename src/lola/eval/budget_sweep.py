@@ -194,6 +194,7 @@ def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
                 err = [[y - r["low"] for y, r in zip(ys, pts)], [r["high"] - y for y, r in zip(ys, pts)]]
                 ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
             ax.set_xscale("log", base=2)
+            ax.set_ylim(-5, 105)  # the same scale in every panel, so lengths compare at a glance
             ax.set_title(f"{haystack}, {n} tokens", fontsize=9)
             ax.set_xlabel("exact tokens per K/V head")
             ax.set_ylabel("accuracy (%)")

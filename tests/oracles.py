@@ -81,7 +81,18 @@ def step_decay_weights(t: int, chunk: int, decay: float) -> torch.Tensor:
     return torch.full((t, t), float(decay), dtype=torch.float64) ** age
 
 
-def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linear_weights=None, share_cap=None, cap_from=0):
+def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``x [..., D]`` rotated to ``pos [...]`` in float64, rotate-half layout over the first
+    ``2·len(inv_freq)`` dimensions: ``x1 cos − x2 sin, x2 cos + x1 sin`` (transformers' Llama)."""
+    r = 2 * inv_freq.numel()
+    angle = pos.double()[..., None] * inv_freq.double()
+    cos, sin = angle.cos(), angle.sin()
+    x = x.double()
+    x1, x2 = x[..., : r // 2], x[..., r // 2 : r]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., r:]], dim=-1)
+
+
+def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linear_weights=None, share_cap=None, cap_from=0, logits=None):
     """LoLCATs mixing over a dense exact mask; the rest of the causal past is linear.
 
     ``q: [B, T, H, D]``; ``k, v: [B, T, H, D]`` per query head; ``fq, fk: [B, T, H, F]``;
@@ -89,12 +100,13 @@ def lolcats_hybrid(q, k, v, fq, fk, exact_mask, gate, scale, affine=False, linea
     weight of each linear key for each query (a decay, :func:`step_decay_weights`);
     ``share_cap``: the linear part's share of each output, ``lw·Σa / (w·Σp + lw·Σa)``, at most
     this (the two parts' own averages mixed at the cap), for the queries at positions ``>= cap_from``.
+    ``logits``: ``[B, H, T, T]`` exact logits in place of ``q·k·scale`` (keys at assigned positions).
     Returns ``[B, T, H, D]`` (float64).
     """
     t = q.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     lin_mask = causal & ~exact_mask
-    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * scale
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * scale if logits is None else logits.double()
     s = s.masked_fill(~exact_mask, float("-inf"))
     m = s.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, 0.0)

@@ -17,6 +17,7 @@ On a transformers model::
 from lola import _moved, budgets, memory, models, policies, schedules, scorers
 from lola.config import LoLAConfig
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial
+from lola.core.positions import BoundedPositions, RotaryEmbedding
 from lola.engine.composer import LoLAMemory
 from lola.layer import LoLAAttention, compose, memory_from_config
 from lola.memory.allocation import max_state_bytes, set_max_state_bytes
@@ -26,11 +27,13 @@ __version__ = "0.1.0"
 _moved.install()  # the old names of modules that moved into packages
 
 __all__ = [
+    "BoundedPositions",
     "LinearPartial",
     "LoLAAttention",
     "LoLAConfig",
     "LoLAMemory",
     "MixingRule",
+    "RotaryEmbedding",
     "SoftmaxPartial",
     "__version__",
     "budgets",

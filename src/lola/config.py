@@ -77,6 +77,22 @@ class LoLAConfig(BaseModel):
             differently (their kernel grows with absolute position: docs/results.md, "The cap from
             the trained length: the shipped default"): set it
             to the length the maps were trained at to leave every read inside it untouched.
+        positions: ``"absolute"`` (default: every read sees the positions the model rotated
+            its keys and queries at) or ``"bounded"``: the layer assigns the positions of each
+            read (:mod:`lola.core.positions`), so that a stream of any length reads with
+            distances and positions the model was trained on: exact keys farther than
+            ``exact_distance`` from a block's first query are re-rotated to that distance, and
+            queries and keys enter the feature maps at positions below ``state_positions``.
+            Needs the model's rotary embedding (:func:`~lola.integrations.transformers.apply_lola`
+            takes it from the model; :func:`lola.compose` takes ``rotary=``). A stream shorter
+            than both limits reads exactly as under ``"absolute"``. Streams past the model's
+            ``max_position_embeddings`` are accepted only with ``"bounded"``.
+        exact_distance: with ``positions="bounded"``, the largest distance an exact read sees
+            (plus up to ``chunk − 1``); ``None``: the model's ``max_position_embeddings − chunk``
+            (:func:`~lola.integrations.transformers.apply_lola`).
+        state_positions: with ``positions="bounded"``, the feature maps see positions below
+            this; ``None``: the length trained maps were trained at (their folder's
+            ``linear_share_cap_from`` read default), else the model's ``max_position_embeddings``.
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
         feature_map: a name of :data:`lola.feature_maps.FEATURE_MAPS` (default
@@ -112,6 +128,9 @@ class LoLAConfig(BaseModel):
     linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     linear_share_cap_from: Tokens = 0
+    positions: Literal["absolute", "bounded"] = "absolute"
+    exact_distance: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] | None = None
+    state_positions: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] | None = None
     # sigmoid(window_factor_init) weighs the two terms: beyond +-1e4 it is 0 or 1 anyway.
     window_factor_init: Annotated[float, Strict(), Field(ge=-1e4, le=1e4, allow_inf_nan=False)] = -2.1972
     feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP
@@ -181,6 +200,16 @@ class LoLAConfig(BaseModel):
             raise ValueError(
                 f"linear_share_cap_from={self.linear_share_cap_from} says where the share cap starts, but linear_share_cap is None: set a cap or leave linear_share_cap_from at 0"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _limits_need_bounded_positions(self) -> "LoLAConfig":
+        if self.positions == "absolute":
+            given = [f for f in ("exact_distance", "state_positions") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} bound the positions of reads only with positions='bounded', got positions='absolute': set positions='bounded' or leave {' and '.join(given)} unset"
+                )
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from lola.config import LoLAConfig
 from lola.core.checks import require
 from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix, mixing_weights
 from lola.core.partials import LinearPartial, SoftmaxPartial
+from lola.core.positions import BoundedPositions, RotaryEmbedding
 from lola.core.thread_stack import pushed
 from lola.engine.composer import LoLAMemory, StateLayout
 from lola.feature_maps import FeatureMap, build_feature_map
@@ -23,7 +24,7 @@ from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
 
-__all__ = ["LoLAAttention", "ObservedCall", "compose", "memory_from_config", "observe_calls", "observe_linear_share"]
+__all__ = ["LoLAAttention", "ObservedCall", "bounded_positions", "compose", "memory_from_config", "observe_calls", "observe_linear_share"]
 
 _observers = threading.local()
 
@@ -131,6 +132,11 @@ class LoLAAttention(nn.Module):
             see :func:`lola.core.mix`). Decode tokens then take the unfused path.
         share_cap_from: the cap applies to queries at positions ``>=`` this only (``0``: all);
             a query's position is the count of real tokens before it in its row.
+        positions: ``None`` (absolute positions: reads see the positions the keys and queries
+            were rotated at) or a :class:`~lola.core.positions.BoundedPositions`: reads assign
+            positions within the limits it sets, however long the stream. It assumes the keys
+            and queries were rotated (by its rotary embedding) at their positions, a position
+            being the count of real tokens before it in its row (what ``generate()`` does).
     """
 
     def __init__(
@@ -149,6 +155,7 @@ class LoLAAttention(nn.Module):
         check_inputs: bool = True,
         share_cap: float | None = None,
         share_cap_from: int = 0,
+        positions: BoundedPositions | None = None,
     ) -> None:
         super().__init__()
         check_geometry(num_heads, head_dim, num_kv_heads)
@@ -173,11 +180,18 @@ class LoLAAttention(nn.Module):
         if share_cap_from and share_cap is None:
             raise ValueError(f"share_cap_from={share_cap_from} without a share_cap: set share_cap or leave share_cap_from at 0")
         self.share_cap_from = share_cap_from
+        if positions is not None and not isinstance(positions, BoundedPositions):
+            raise TypeError(f"positions must be a lola.core.positions.BoundedPositions or None, got {type(positions).__name__}")
+        if positions is not None and positions.rotary.rotary_dim > head_dim:
+            raise ValueError(f"positions' rotary embedding rotates {positions.rotary.rotary_dim} dimensions, heads have {head_dim}")
+        self.positions = positions
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
         self.check_inputs = check_inputs
         self.window_factors = nn.Parameter(torch.full((1, num_heads, 1, 1), float(window_factor_init)))
         probe = memory_factory()
         self._spec, self._layer = probe.spec(), probe.layer
+        if positions is not None:
+            _check_periodic(probe.schedule)
 
     @property
     def feature_dim(self) -> int:
@@ -201,6 +215,13 @@ class LoLAAttention(nn.Module):
             feature_dim=self.feature_dim,
             non_negative=bool(getattr(self.feature_map_k, "non_negative", False)),
         )
+        if self.positions is not None:
+            own = [m.name for m in state.exact_memories if not m.reads_block]
+            if own:
+                raise ValueError(
+                    f"bounded positions re-rotate the keys of the stock exact stores; memories {own} read their own keys: use positions=None (absolute) with them"
+                )
+        state.positions = self.positions
         state.owner = weakref.ref(self)
         return state
 
@@ -257,7 +278,7 @@ class LoLAAttention(nn.Module):
             # softmax_only never reads the linear state nor the gate, so neither is computed.
             mixing = kernel_mixing(self.mixing, self.affine)
             softmax_only = mixing == "softmax_only"
-            fq = None if softmax_only else self.feature_map_q(qh)
+            fq = None if softmax_only else self._query_features(qh, state, None)
             gate = self.window_factors.detach().view(-1) if softmax_only else torch.sigmoid(self.window_factors.float()).view(-1)
             o = state.decode(qh, fq, kh, vh, self.scale, self.feature_map_k, gate, mixing)
             return o.unsqueeze(1).to(q.dtype), state
@@ -265,7 +286,7 @@ class LoLAAttention(nn.Module):
         if valid is None:
             valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device)
         # softmax_only: the output never reads the linear state, so the queries' features are not computed.
-        fq = None if kernel_mixing(self.mixing, self.affine) == "softmax_only" else self.feature_map_q(qh)
+        fq = None if kernel_mixing(self.mixing, self.affine) == "softmax_only" else self._query_features(qh, state, valid)
         cap = self._caps(state.seen, valid)  # from the counts before this call's tokens
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
         o = mix(exact, linear, gate, self.mixing, self.affine, cap)
@@ -274,6 +295,22 @@ class LoLAAttention(nn.Module):
             for callback in tuple(observers):
                 callback(call)
         return o.transpose(1, 2).to(q.dtype), state
+
+    def _query_features(self, qh: torch.Tensor, state: LoLAMemory, valid: torch.Tensor | None) -> torch.Tensor:
+        """``φ(q)`` of ``qh [B, H, T, D]``, the queries entering the maps at the positions the
+        layer's :class:`~lola.core.positions.BoundedPositions` assign (their own when absolute).
+
+        Args:
+            valid: ``[B, T]`` real tokens, ``None`` when all are.
+        """
+        bounded = self.positions
+        if bounded is not None and bounded.moves_state(state.counts.host_range()[1] + qh.shape[2] - 1):
+            steps = valid.long().cumsum(dim=1) if valid is not None else torch.arange(1, qh.shape[2] + 1, device=qh.device)[None, :]
+            pos = state.seen.to(qh.device)[:, None] + steps - 1  # [B, T]: each query's position
+            if valid is not None:
+                pos = torch.where(valid, pos, -1)
+            qh = bounded.state_inputs(qh, pos)
+        return self.feature_map_q(qh)
 
     def _caps(self, seen: torch.Tensor, valid: torch.Tensor) -> float | torch.Tensor | None:
         """The share cap of each query: ``None``, the cap itself, or with ``share_cap_from``
@@ -406,6 +443,17 @@ def check_geometry(num_heads: object, head_dim: object, num_kv_heads: object = N
         _check_int("layer", layer, 0)
 
 
+def _check_periodic(schedule: object) -> None:
+    """Bounded positions read each schedule period at one position: refuse a schedule whose
+    steps are not after positions ``P − 1, 2P − 1, …`` (``P`` its period), as Chunkwise's are."""
+    period = schedule.period
+    seen = torch.arange(3 * period + 1)
+    if not torch.equal(schedule.tokens_until_step(seen), period - seen % period):
+        raise ValueError(
+            f"bounded positions need a schedule that steps after positions P-1, 2P-1, ... (P = its period, as chunkwise and tokenwise do); {schedule!r} steps elsewhere"
+        )
+
+
 def _as_bool_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
@@ -440,6 +488,7 @@ def compose(
     layer: int | None = None,
     *,
     heads: tuple[int, int] | None = None,
+    rotary: RotaryEmbedding | None = None,
 ) -> LoLAAttention:
     """Build a :class:`LoLAAttention` from a config.
 
@@ -454,6 +503,8 @@ def compose(
             computes it: its per-head sizes, parameters (cut along :func:`lola.head_share.head_axes`)
             and the policy's head indices are those heads'; the shares' outputs, side by side,
             are the whole layer's. ``None``: every head.
+        rotary: the model's rotary embedding, needed by ``cfg.positions="bounded"`` (which
+            also needs ``cfg.exact_distance`` and ``cfg.state_positions``); ignored otherwise.
 
     Example::
 
@@ -478,6 +529,7 @@ def compose(
             raise ValueError(f"policy {cfg.policy!r} ranks the candidates of every head of the layer together: it cannot score a share of the heads")
         cfg, num_heads, num_kv_heads, head_offset = share.config(cfg), share.heads, share.kv_heads, share.storage_first
         storage = share.storage_end - share.storage_first
+    positions = bounded_positions(cfg, rotary)
     if cfg.mixing == "softmax_only":
         # That rule reads exact tokens alone: a head that holds none would output zeros.
         windows = cfg.window_per_head or [cfg.window] * storage
@@ -503,4 +555,19 @@ def compose(
         check_inputs=cfg.check_inputs,
         share_cap=cfg.linear_share_cap,
         share_cap_from=cfg.linear_share_cap_from,
+        positions=positions,
     )
+
+
+def bounded_positions(cfg: LoLAConfig, rotary: RotaryEmbedding | None) -> BoundedPositions | None:
+    """The :class:`~lola.core.positions.BoundedPositions` of ``cfg`` (``None`` for absolute
+    positions); a bounded config without a rotary embedding or its limits is refused, naming them."""
+    if cfg.positions == "absolute":
+        return None
+    missing = [f for f in ("exact_distance", "state_positions") if getattr(cfg, f) is None]
+    if rotary is None or missing:
+        what = ", ".join((["rotary= (the model's RotaryEmbedding)"] if rotary is None else []) + [f"cfg.{f}" for f in missing])
+        raise ValueError(f"positions='bounded' needs {what}: apply_lola(model, cfg) takes them from the model; compose() needs them given")
+    if not isinstance(rotary, RotaryEmbedding):
+        raise TypeError(f"rotary must be a lola.RotaryEmbedding, got {type(rotary).__name__}")
+    return BoundedPositions(rotary, cfg.exact_distance, cfg.state_positions)

@@ -27,7 +27,13 @@ from lola.config import LoLAConfig
 from lola.limits import MAX_TOKENS
 
 __all__ = [
+    "ExactDistanceOption",
     "METHODS",
+    "POSITION_OPTIONS",
+    "PositionsOption",
+    "StatePositionsOption",
+    "holds_length",
+    "position_options",
     "RENAMED_METHODS",
     "LinearDecayOption",
     "LinearShareCapFromOption",
@@ -137,6 +143,40 @@ LinearShareCapFromOption = Annotated[
         description="the share cap applies to queries at positions >= this (none or 0: every query; the length the feature maps were trained at leaves the reads inside it untouched)"
     ),
 ]
+PositionsOption = Annotated[
+    Literal["absolute", "bounded"] | None,
+    Field(
+        description="positions of every method but full: absolute (as the model rotated them) or bounded (re-assigned within the trained range, "
+        "so a stream may run past the model's context); none: the config's own (absolute)"
+    ),
+]
+ExactDistanceOption = Annotated[
+    Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None,
+    Field(description="with bounded positions, the largest distance an exact read sees (none: the model's context less one chunk)"),
+]
+StatePositionsOption = Annotated[
+    Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None,
+    Field(description="with bounded positions, the feature maps see positions below this (none: the maps' trained length, else the model's context)"),
+]
+POSITION_OPTIONS = ("positions", "exact_distance", "state_positions")
+"""The names a run gives the position options (the :class:`~lola.LoLAConfig` fields they set)."""
+
+
+def position_options(run: Any) -> dict[str, Any]:
+    """The position options ``run`` sets (those not ``None``), as ``LoLAConfig`` overrides of
+    every method but ``full``."""
+    return {k: v for k in POSITION_OPTIONS if (v := getattr(run, k)) is not None}
+
+
+def holds_length(config: LoLAConfig | None, length: int, model_positions: int | None) -> bool:
+    """Whether a method of ``config`` (``None``: full attention) may read a stream of ``length``
+    tokens on a model of ``model_positions`` positions: always with bounded positions, else
+    within the model's context."""
+    if config is not None and config.positions == "bounded" and not config.full_attention_layers:
+        return True
+    return not (type(model_positions) is int and model_positions > 0 and length > model_positions)
+
+
 LINEAR_STATE_OPTIONS = ("linear_decay", "linear_share_cap", "linear_share_cap_from")
 """The names a run gives those options (the :class:`~lola.LoLAConfig` fields they set)."""
 

@@ -51,3 +51,25 @@ def test_configs_and_bad_lengths():
     model, tok = tiny_random()
     with pytest.raises(ValueError, match="exceeds what the model can hold"):
         run_perplexity(PerplexityRun(lengths=[10_000], text=["pydoc"]), model, tok, progress=False)
+
+
+def test_past_the_context_bounded_methods_are_measured_and_full_attention_refused():
+    model, tok = tiny_random()
+    model.config.max_position_embeddings = 96
+    run = PerplexityRun(
+        model="tiny-random-llama",
+        lengths=[64, 160],
+        windows=1,
+        window=8,
+        sparse_size=8,
+        methods=["full", "lola"],
+        text=["pydoc"],
+        generate=0,
+        positions="bounded",
+    )
+    res = run_perplexity(run, model, tok, progress=False)
+    assert res["full"][160] == {"refused": "past the model's 96 positions"}
+    assert res["full"][64]["ppl"] > 1 and res["lola"][160]["ppl"] > 1
+    assert "refused" in format_perplexity(res)
+    with pytest.raises(ValueError, match="no method bounds its positions"):
+        run_perplexity(run.model_copy(update={"positions": None}), model, tok, progress=False)

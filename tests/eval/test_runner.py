@@ -289,3 +289,21 @@ def test_the_default_run_is_the_papers_experiment_on_the_shipped_linearized_mode
     assert method_configs(NiahRun(methods=["lola"], feature_maps="none"))["lola-learned"].policy == "learned"
     for saved in (run, free):  # a saved run reads back as it ran
         assert NiahRun.model_validate(saved.model_dump()) == saved
+
+
+def test_past_the_context_full_attention_is_refused_and_bounded_methods_run(tmp_path, capsys):
+    model, tok = tiny("llama", max_position_embeddings=128), TinyTokenizer()
+    run = RUN.model_copy(update={"methods": ["full", "window", "lola"], "policies": ["sre"], "lengths": [96, 200], "positions": "bounded"})
+    records = run_niah(run, model, tok, tmp_path, progress=False)
+    summary = summarize(records)
+    assert summary["full"][200] == {"refused": "past the model's 128 positions"}
+    assert summary["full"][96]["samples"] == 2 and summary["window"][200]["samples"] == 2 and summary["lola-sre"][200]["samples"] == 2
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["summary"]["full"]["200"] == {"refused": "past the model's 128 positions"}
+    assert saved["methods"]["lola-sre"]["positions"] == "bounded"
+    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 2 + 2 * 2 * 2  # refused cells are not samples
+    from lola.eval.runner import format_summary
+
+    assert "refused" in format_summary(summary)
+    with pytest.raises(ValueError, match="no method bounds its positions: give --positions bounded"):
+        run_niah(run.model_copy(update={"positions": None, "lengths": [200]}), model, tok, tmp_path / "absolute", progress=False)

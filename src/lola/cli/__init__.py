@@ -91,6 +91,9 @@ NIAH_FIELDS = (
     "linear_decay",
     "linear_share_cap",
     "linear_share_cap_from",
+    "positions",
+    "exact_distance",
+    "state_positions",
     "fold_repeats",
     "fold_copies",
     "feature_maps",
@@ -139,6 +142,7 @@ def linearize_fields(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
 
 def _niah(args: argparse.Namespace) -> int:
     from lola.cli.spec_options import given_fields
+    from lola.eval.niah_report import scored
     from lola.eval.runner import (
         SAMPLES_FILE,
         NiahRun,
@@ -174,7 +178,7 @@ def _niah(args: argparse.Namespace) -> int:
     print("\nby needle depth (accuracy %)\n")
     print(format_depth_summary(summarize_by_depth(records)))
     speed = {}
-    for r in records:
+    for r in scored(records):
         speed.setdefault(r["method"], []).append(r.get("tokens_per_second", 0.0))
     print("\ntokens/s: " + ", ".join(f"{m} {sum(v) / len(v):.0f}" for m, v in speed.items()))
     from lola.io.outputs import read_json
@@ -348,6 +352,9 @@ PERPLEXITY_FIELDS = (
     "linear_decay",
     "linear_share_cap",
     "linear_share_cap_from",
+    "positions",
+    "exact_distance",
+    "state_positions",
     "budgets",
     "windows",
     "text",

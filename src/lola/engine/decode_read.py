@@ -13,6 +13,7 @@ import torch
 
 from lola.engine.state import LayerState
 from lola.kernels import decode_step
+from lola.kernels.ragged import RaggedSlots
 
 __all__ = ["DecodeRead"]
 
@@ -38,11 +39,19 @@ class DecodeRead:
         if count == 0:
             return
         # Every stored slot is at or before the new token, so all are visible to it.
-        block = self.memory.exact_slots()
-        H, s = self.memory.linear.state if self.fq is not None else (None, None)
+        mem = self.memory
+        block = mem.exact_slots()
+        H, s = mem.linear.state if self.fq is not None else (None, None)
         fq = None if self.fq is None else self.fq[:, :, 0]
-        ragged = self.memory.ragged_slots()
-        self._out = decode_step(self.q[:, :, 0], block.k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, ragged=ragged, check=False)
+        ragged = mem.ragged_slots()
+        k = block.k
+        if mem.positions is not None and mem.positions.moves_exact(mem.counts.host_range()[1] - 1):  # keys as the token reads them
+            newest = mem.counts.host_range()[1] - 1
+            first = mem.seen - 1  # the token's position
+            k = mem.exact_view(block.k, block.pos, first, newest)
+            if ragged is not None:
+                ragged = RaggedSlots(mem.exact_view(ragged.k, ragged.pos, first, newest), ragged.v, ragged.pos, ragged.offsets)
+        self._out = decode_step(self.q[:, :, 0], k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, ragged=ragged, check=False)
 
     def result(self) -> torch.Tensor:
         """``[B, H, D]`` float32 outputs."""

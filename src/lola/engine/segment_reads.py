@@ -31,7 +31,7 @@ from lola.core.partials import LinearPartial, SoftmaxPartial, merge_softmax_part
 from lola.engine.state import LayerState
 from lola.kernels import softmax_partial
 from lola.kernels.ragged import RaggedSlots
-from lola.memory.base import QueryBlock
+from lola.memory.base import KVBlock, QueryBlock, exact_logits, partial_from_logits
 
 __all__ = ["READ_BYTES", "READ_BYTES_CPU", "SegmentReads", "observe_attention", "read_exact", "gather_tokens"]
 
@@ -101,8 +101,17 @@ class SegmentReads:
             return
         group = _Group(query, start, longest, active)
         mem = self.memory
+        first = self.seen + start  # [B]: each row's first query of the group
+        # A host bound on the group's positions (no query is past the rows' counts), asked only
+        # when positions are bounded (on an accelerator it may read the counts back).
+        newest = mem.counts.host_range()[1] if mem.positions is not None else 0
         if self.defer:
             group.slots, group.ragged = mem.snapshot_exact()
+            if mem.positions is not None and mem.positions.moves_exact(newest):  # re-rotated copies, read later
+                group.slots = [(mem.exact_view(k, p, first, newest), v, p) for k, v, p in group.slots]
+                if group.ragged is not None:
+                    r = group.ragged
+                    group.ragged = RaggedSlots(mem.exact_view(r.k, r.pos, first, newest), r.v, r.pos, r.offsets)
             group.linear_state = mem.linear.snapshot() if self.fq is not None else ()
             self._waiting.append(group)
             held = [*(t for s in group.slots for t in s), *group.linear_state, *(group.ragged[:3] if group.ragged is not None else ())]
@@ -110,7 +119,7 @@ class SegmentReads:
             if self._waiting_bytes >= (READ_BYTES_CPU if self.q.device.type == "cpu" else READ_BYTES):
                 self.flush()
         else:
-            group.exact, parts = read_exact(mem, query, self.track)
+            group.exact, parts = read_exact(mem, query, self.track, first, newest)
             group.linear = mem.linear.read(query) if self.fq is not None else None
             if self.track:
                 counted = active if active is not None else torch.ones(query.pos.shape, dtype=torch.bool, device=query.pos.device)
@@ -208,16 +217,34 @@ class SegmentReads:
         )
 
 
-def read_exact(state: LayerState, query: QueryBlock, keep_logits: bool) -> tuple[SoftmaxPartial, list[SoftmaxPartial]]:
+def read_exact(
+    state: LayerState, query: QueryBlock, keep_logits: bool, first: torch.Tensor | int = 0, newest: int = 0
+) -> tuple[SoftmaxPartial, list[SoftmaxPartial]]:
     """The merged softmax partial of ``query`` over the exact memories (and, when
-    ``keep_logits``, each memory's partial with its logits)."""
+    ``keep_logits``, each memory's partial with its logits).
+
+    Args:
+        first: ``[B]`` each row's first query position (bounded positions re-rotate the keys
+            for it: :meth:`~lola.engine.state.LayerState.exact_view`); newest: a host bound on it.
+    """
     mems = state.exact_memories
+    moves = state.positions is not None and state.positions.moves_exact(newest)
     if not keep_logits and all(m.reads_block for m in mems):
         # Stock slot stores: one kernel call over their concatenated slots (the merge of the
         # per-memory partials, computed at once).
         block = state.exact_slots()
         ragged = state.ragged_slots()
-        return SoftmaxPartial(*softmax_partial(query.q, block.k, block.v, query.pos, block.pos, query.scale, ragged=ragged, check=False)), []
+        k = state.exact_view(block.k, block.pos, first, newest)
+        if moves and ragged is not None:
+            ragged = RaggedSlots(state.exact_view(ragged.k, ragged.pos, first, newest), ragged.v, ragged.pos, ragged.offsets)
+        return SoftmaxPartial(*softmax_partial(query.q, k, block.v, query.pos, block.pos, query.scale, ragged=ragged, check=False)), []
+    if moves:  # each stock store read over its re-rotated keys (custom reads are refused with bounded positions)
+        parts = []
+        for m in mems:
+            b = m.block
+            moved = KVBlock(state.exact_view(b.k, b.pos, first, newest), b.v, b.pos, b.acc)
+            parts.append(partial_from_logits(exact_logits(query, moved), b.v, keep_logits))
+        return merge_softmax_partials(parts), parts
     parts = [m.read(query, keep_logits) for m in mems]
     return merge_softmax_partials(parts), parts
 

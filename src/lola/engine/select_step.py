@@ -54,6 +54,7 @@ def select(state: LayerState, rows: torch.Tensor, feature_map_k: FeatureFn, scal
         queries=state.queries,
         fresh=leaving.size,
         head_offset=state.head_offset,
+        key_positions=_state_positions(state),
     )
     scores = _score(state.policy, candidates, ctx) if state.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
     _check_scores(scores, candidates.valid, state.policy)
@@ -68,6 +69,15 @@ def select(state: LayerState, rows: torch.Tensor, feature_map_k: FeatureFn, scal
         evicted = evicted.gather(order)
     g = ctx.group(evicted)
     return fk, ctx.expand_heads(evicted.v, g), ctx.expand_heads(evicted.valid, g), ctx.expand_heads(evicted.pos, g)
+
+
+def _state_positions(state: LayerState) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """How keys enter the feature maps: ``None`` (at their positions) unless the layer bounds
+    positions and a row has reached the maps' limit."""
+    bounded = state.positions
+    if bounded is None or not bounded.moves_state(state.counts.host_range()[1]):
+        return None
+    return bounded.state_inputs
 
 
 def _kept(policy: object, ctx: ScoringContext, candidates: KVBlock) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from lola.core.positions import BoundedPositions
 from lola.engine.parts import binds_buffer, describe_part, slot_widths
 from lola.engine.row_counts import RowCounts
 from lola.engine.state_checks import StateLayout, check_row_index, check_state, reference_of
@@ -124,6 +125,8 @@ class LayerState:
         self.head_offset = head_offset
         self.layout: StateLayout | None = None
         self.owner: Callable[[], object] | None = None
+        # The positions reads assign (set by the layer that takes the state; None: absolute).
+        self.positions: BoundedPositions | None = None
         self.counts = RowCounts()
         self.num_heads = 0
         self.validated_for: tuple | None = None  # (layer, parts) a layer last validated
@@ -360,6 +363,24 @@ class LayerState:
         if self.slots.allocated:
             self.slots.snapshot()
         return [(m.block.k, m.block.v, m.block.pos) for m in self.exact_memories if m.capacity], None
+
+    def exact_view(self, k: torch.Tensor, pos: torch.Tensor, first: torch.Tensor | int, newest: int) -> torch.Tensor:
+        """Exact keys ``k [B, ..., N, D]`` (positions ``pos [B, ..., N]``) as a read whose first
+        query is at ``first`` (``[B]``, or an int for every row) sees them: ``k`` itself under
+        absolute positions or when no key can move (``newest``: a host bound on ``first``), else
+        re-rotated by :meth:`~lola.core.positions.BoundedPositions.exact_keys` (a copy) for
+        the first position of ``first``'s schedule period (``((first + 1) // P) · P − 1``: the
+        query a step falls on and those after it until the next step read one state)."""
+        bounded = self.positions
+        if bounded is None or not bounded.moves_exact(newest):
+            return k
+        if not isinstance(first, torch.Tensor):
+            first = torch.full((k.shape[0],), first, dtype=torch.long, device=k.device)
+        # The read's position is its schedule period's first query: the same however the stream
+        # was cut into calls (a group of reads never spans two periods: its memories change at steps).
+        period = self.schedule.period
+        start = ((first + 1) // period * period - 1).clamp_min(0)
+        return bounded.exact_keys(k, pos, start)
 
     def release_snapshots(self) -> None:
         """No deferred read holds the slots or the linear state any more: writes go in place again."""

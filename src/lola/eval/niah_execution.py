@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from lola.eval.niah_records import RESULTS_FILE, SAMPLES_FILE, _write_results, check_out_folder, sample_depth
-from lola.eval.niah_report import plot_results
+from lola.eval.niah_report import plot_results, refused_record
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs, run_inputs
+from lola.methods import holds_length
 
 
 def _cache_bytes(cache: Any) -> int:
@@ -70,8 +71,6 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     done = check_out_folder(out, run, model)  # before anything is written (and on the weights now loaded)
     inputs = run_inputs(run, model)
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if max_positions and max(run.lengths) > max_positions:
-        raise ValueError(f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions)")
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = getattr(tokenizer, "eos_token_id", None) if pad_id is None else pad_id
     if batch_size > 1 and pad_id is None:
@@ -86,14 +85,24 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     configs = method_configs(run)
     # What each method really runs: trained maps fill in the fields a config leaves unset.
     effective = {m: c if c is None or maps is None else maps.merge_into(c) for m, c in configs.items()}
+    # Full attention, and LoLA with absolute positions, cannot read past the model's context:
+    # their cells there are refused (shown so), a run with nothing left to read is refused whole.
+    refused = [(m, n) for m, c in effective.items() for n in run.lengths if not holds_length(c, n, max_positions)]
+    if len(refused) == len(effective) * len(run.lengths):
+        raise ValueError(
+            f"length {max(run.lengths)} exceeds what the model can hold ({max_positions} positions) and no method bounds its positions: "
+            "give --positions bounded (every method but full) or shorter --lengths"
+        )
     prompts = niah_prompts(run, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
-    records = list(done.values())
+    reason = f"past the model's {max_positions} positions"
+    records = list(done.values()) + [refused_record(m, n, reason) for m, n in refused]
     _write_results(results_path, run, records, effective, inputs)  # claims the folder; a resume keeps its summary
     samples_path = out / SAMPLES_FILE
-    todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done]
-    bar = tqdm(total=len(configs) * len(prompts), initial=len(configs) * len(prompts) - len(todo), desc="niah", disable=not progress)
+    todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done and (m, n) not in refused]
+    total = (len(configs) * len(run.lengths) - len(refused)) * run.samples
+    bar = tqdm(total=total, initial=total - len(todo), desc="niah", disable=not progress)
     try:
         _generate_all(run, model, tokenizer, configs, todo, prompts, samples_path, records, bar, batch_size, pad_id, maps)
     except BaseException:  # interrupted or failed: results.json still summarises every saved sample

@@ -18,7 +18,8 @@ def wilson_interval(hits: float, n: int, z: float = 1.96) -> tuple[float, float]
 
 def summarize(records: Iterable[dict]) -> dict[str, dict[int, dict[str, float]]]:
     """``{method: {length: {"accuracy": %, "low": %, "high": %, "cache_bytes": mean, "samples": n}}}``
-    (``low``–``high``: the 95% Wilson interval of the accuracy)."""
+    (``low``–``high``: the 95% Wilson interval of the accuracy); a cell the method cannot read
+    (a :func:`refused_record`) is ``{"refused": reason}``."""
     table: dict[str, dict[int, list[dict]]] = {}
     for r in records:
         table.setdefault(r["method"], {}).setdefault(r["length"], []).append(r)
@@ -26,6 +27,9 @@ def summarize(records: Iterable[dict]) -> dict[str, dict[int, dict[str, float]]]
     for m, by in table.items():
         out[m] = {}
         for n, rs in sorted(by.items()):
+            if any("refused" in r for r in rs):
+                out[m][n] = {"refused": next(r["refused"] for r in rs if "refused" in r)}
+                continue
             hits = sum(r["score"] for r in rs)
             low, high = wilson_interval(hits, len(rs))
             out[m][n] = {
@@ -38,10 +42,21 @@ def summarize(records: Iterable[dict]) -> dict[str, dict[int, dict[str, float]]]
     return out
 
 
+def refused_record(method: str, length: int, reason: str) -> dict:
+    """The record of a cell a method cannot read (full attention past the model's context): it is
+    shown as refused in the tables, never scored, and not saved with the samples."""
+    return {"method": method, "length": length, "refused": reason}
+
+
+def scored(records: Iterable[dict]) -> list[dict]:
+    """The records of generated samples (not :func:`refused_record`)."""
+    return [r for r in records if "refused" not in r]
+
+
 def summarize_by_depth(records: Iterable[dict], buckets: int = 5) -> dict[str, dict[str, float]]:
     """``{method: {"0.0-0.2": accuracy %, …}}`` over all lengths, by needle depth."""
     table: dict[str, dict[int, list[float]]] = {}
-    for r in records:
+    for r in scored(records):
         b = min(int(r["depth"] * buckets), buckets - 1)
         table.setdefault(r["method"], {}).setdefault(b, []).append(r["score"])
     return {m: {f"{b / buckets:.1f}-{(b + 1) / buckets:.1f}": 100.0 * sum(v) / len(v) for b, v in sorted(by.items())} for m, by in table.items()}
@@ -66,7 +81,7 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
 
     from lola.io.outputs import write_files
 
-    summary = summarize(records)
+    summary = summarize(scored(records))
     paths = []
     for name, key, ylabel, scale in (("accuracy.png", "accuracy", "accuracy (%)", 1.0), ("cache_bytes.png", "cache_bytes", "cache (MiB)", 2.0**-20)):
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -101,9 +116,13 @@ def _table(summary: dict[str, dict[int, dict[str, float]]], cell: Any, width: in
 
 def format_summary(summary: dict[str, dict[int, dict[str, float]]]) -> str:
     """Accuracy (and cache MiB) per method × length as a plain-text table."""
-    return _table(summary, lambda c: f"{c['accuracy']:>7.1f}% {c['cache_bytes'] / 2**20:>6.1f}MiB", 16)
+    return _table(summary, _or_refused(lambda c: f"{c['accuracy']:>7.1f}% {c['cache_bytes'] / 2**20:>6.1f}MiB", 16), 16)
 
 
 def format_intervals(summary: dict[str, dict[int, dict[str, float]]]) -> str:
     """Accuracy with its 95% Wilson interval and the sample count, per method × length."""
-    return _table(summary, lambda c: f"{c['accuracy']:>6.1f}% [{c['low']:>3.0f}-{c['high']:>3.0f}] n={c['samples']:<3}", 22)
+    return _table(summary, _or_refused(lambda c: f"{c['accuracy']:>6.1f}% [{c['low']:>3.0f}-{c['high']:>3.0f}] n={c['samples']:<3}", 22), 22)
+
+
+def _or_refused(cell: Any, width: int) -> Any:
+    return lambda c: f"{'refused':>{width}}" if "refused" in c else cell(c)

@@ -13,7 +13,19 @@ from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
 from lola.eval.demo import Seed
 from lola.eval.niah import check_templates
-from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config, method_name
+from lola.methods import (
+    METHODS,
+    ExactDistanceOption,
+    LinearDecayOption,
+    LinearShareCapFromOption,
+    LinearShareCapOption,
+    PositionsOption,
+    StatePositionsOption,
+    linear_state_options,
+    method_config,
+    method_name,
+    position_options,
+)
 from lola.pretrained.resolve import resolve_config
 
 
@@ -77,6 +89,9 @@ class NiahRun(BaseModel):
     linear_decay: LinearDecayOption = None
     linear_share_cap: LinearShareCapOption = None
     linear_share_cap_from: LinearShareCapFromOption = None
+    positions: PositionsOption = None
+    exact_distance: ExactDistanceOption = None
+    state_positions: StatePositionsOption = None
     # At 8K the learned scorer filled heads' sparse caches with copies of the haystack's repeated
     # tokens; folding repeats answered more of the same prompts (docs/results.md, "What the
     # misses at 8K are"). Decided with the model and maps: on with trained maps, for the learned scorer.
@@ -359,7 +374,7 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     settings = dict(
         window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
     )
-    common = {"gqa_storage": run.gqa_storage}
+    common = {"gqa_storage": run.gqa_storage, **position_options(run)}
     # The lola method's linear-state options (and its variants', unless they set their own).
     decay = linear_state_options(run)
     out: dict[str, LoLAConfig | None] = {}

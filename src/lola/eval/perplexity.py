@@ -24,7 +24,20 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
 from lola.data.text import TextOption
-from lola.methods import METHODS, LinearDecayOption, LinearShareCapFromOption, LinearShareCapOption, linear_state_options, method_config, method_name
+from lola.methods import (
+    METHODS,
+    ExactDistanceOption,
+    LinearDecayOption,
+    LinearShareCapFromOption,
+    LinearShareCapOption,
+    PositionsOption,
+    StatePositionsOption,
+    holds_length,
+    linear_state_options,
+    method_config,
+    method_name,
+    position_options,
+)
 from lola.pretrained.resolve import resolve_config
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
@@ -54,6 +67,9 @@ class PerplexityRun(BaseModel):
     linear_decay: LinearDecayOption = None
     linear_share_cap: LinearShareCapOption = None
     linear_share_cap_from: LinearShareCapFromOption = None
+    positions: PositionsOption = None
+    exact_distance: ExactDistanceOption = None
+    state_positions: StatePositionsOption = None
     mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.pretrained.resolve's default, the same)"
     )
@@ -121,7 +137,7 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             mixing=run.mixing if run.mixing is not None or trained else "lola_authors",
             trained_maps=trained,
             hybrid_window="window",
-            overrides=(linear_state_options(run) if method == "lola" else None) or None,
+            overrides={**position_options(run), **(linear_state_options(run) if method == "lola" else {})} or None,
         )
         # The per-head budgets redistribute the sparse cache: the lola method's alone.
         configs[method] = resolve_config(cfg, model=run.model, budgets=run.budgets, maps_to_apply=run.feature_maps) if method == "lola" else cfg
@@ -166,13 +182,19 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
 
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    configs = perplexity_configs(run)
+    # Full attention, and LoLA with absolute positions, cannot read past the model's context: their
+    # cells there are refused (shown so); a length no method can read is refused before any work.
+    refused = {(m, n) for m, c in configs.items() for n in run.lengths if not holds_length(c, n + run.generate, max_positions)}
     for n in run.lengths:  # before the text is read and encoded
-        if max_positions and n > max_positions:
-            raise ValueError(f"length {n} exceeds what the model can hold ({max_positions} positions)")
-        if max_positions and run.generate and n + run.generate > max_positions:
+        if all((m, n) in refused for m in configs):
+            if not holds_length(None, n, max_positions):
+                raise ValueError(
+                    f"length {n} exceeds what the model can hold ({max_positions} positions) and no method bounds its positions: give --positions bounded or shorter --lengths"
+                )
             raise ValueError(
                 f"--generate {run.generate} after a window of length {n} reaches position {n + run.generate}, beyond the model's {max_positions} positions; "
-                f"give --generate at most {max_positions - n}"
+                f"give --generate at most {max_positions - n}, or --positions bounded"
             )
     _, heldout = load_split(run.text, run.heldout_fraction)
     ids = encode(tokenizer, heldout)
@@ -182,7 +204,6 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
             f"--text {describe(run.text)}: its held-out part (the last {run.heldout_fraction:.0%}) has {ids.numel()} tokens, fewer than one window "
             f"of --lengths {longest}; give a text of about {round(longest / run.heldout_fraction)} tokens or more, or shorter --lengths"
         )
-    configs = perplexity_configs(run)
     if "lola" in configs and run.budgets not in ("uniform", "auto"):  # "auto" only applies budgets made for the model
         from lola import budgets as head_budgets
         from lola.errors import about
@@ -193,7 +214,7 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
             head_budgets.load(run.budgets).check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
     maps = _check_methods(model, configs, run.feature_maps)  # before the bar: an error under it would print on the bar's line
     device = next(model.parameters()).device
-    jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n))]
+    jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n)) if (m, n) not in refused]
     gen_jobs = sum(1 for m, n, w in jobs if run.generate and w < run.generate_windows)
     bar = tqdm(total=len(jobs) + gen_jobs, desc="perplexity", disable=not progress)
     sums: dict[tuple[str, int], list[float]] = {}
@@ -234,6 +255,9 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
     for m in configs:
         results[m] = {}
         for n in run.lengths:
+            if (m, n) in refused:
+                results[m][n] = {"refused": f"past the model's {max_positions} positions"}
+                continue
             total, count, windows = sums[(m, n)]
             cell = {"ppl": math.exp(total / count), "tokens": count, "windows": windows}
             if (m, n) in repeats:
@@ -258,8 +282,11 @@ def format_perplexity(results: dict[str, dict[int, dict[str, float]]]) -> str:
     for m, per in results.items():
         cells = []
         for n in lengths:
+            if "refused" in per[n]:
+                cells.append("refused".rjust(16))
+                continue
             ppl = per[n]["ppl"]
-            ratio = f" ({ppl / full[n]['ppl']:.2f}x)" if full and m != "full" else ""
+            ratio = f" ({ppl / full[n]['ppl']:.2f}x)" if full and m != "full" and "ppl" in full[n] else ""
             cells.append(f"{ppl:.2f}{ratio}".rjust(16))
         lines.append(f"{m:<12}" + "".join(cells))
     if any("repeat4" in c for per in results.values() for c in per.values()):

@@ -35,6 +35,9 @@ class ScoringContext:
         fresh: in a select-and-evict step, how many candidates lead the block: slots ``[..., :fresh]``
             hold the tokens leaving the window at this step (empty where a row or head has fewer),
             the others the sparse cache's; ``None`` outside a step.
+        key_positions: ``None``, or ``(k [B, H, N, D], pos [B, H, N]) -> k`` the keys as the
+            feature maps see them (bounded positions: :class:`lola.core.positions.BoundedPositions`);
+            :meth:`key_features` applies it, so a policy that needs ``φ(k)`` asks for it there.
         kept: ``[B, Hs, N]`` float32, set during :meth:`ScoringPolicy.score` by the part of a
             policy that keeps scores (``keeps_scores``): what the composer stores in the slots'
             tallies for the next step (``candidates.acc`` then).
@@ -49,6 +52,7 @@ class ScoringContext:
     queries: QueryStatistics | None = None
     fresh: int | None = None
     head_offset: int | None = None
+    key_positions: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     kept: torch.Tensor | None = field(default=None, init=False)
     _features: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -96,7 +100,11 @@ class ScoringContext:
             return fk.gather(2, at.unsqueeze(-1).expand(*at.shape, fk.shape[-1]))
         if index is not None:
             block = block.gather(index)
-        fk = self.feature_map_k(self.expand_heads(block.k, self.group(block)))
+        g = self.group(block)
+        k = self.expand_heads(block.k, g)
+        if self.key_positions is not None:
+            k = self.key_positions(k, self.expand_heads(block.pos, g))
+        fk = self.feature_map_k(k)
         self._features = (block.k, fk)
         return fk
 

@@ -43,6 +43,7 @@ __all__ = [
     "resolve_budgets",
     "resolve_config",
     "resolve_mixing",
+    "resolve_positions",
     "takes_budgets",
 ]
 
@@ -162,3 +163,38 @@ def maps_budgets(feature_maps: Any) -> Any:
     else:
         read = getattr(feature_maps, "read", None)
     return None if read is None else read.budgets
+
+
+def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_length: int | None = None) -> LoLAConfig:
+    """``config`` with the limits of ``positions="bounded"`` that it leaves unset filled in
+    (unchanged under absolute positions):
+
+    - ``exact_distance``: the model's context less one chunk (``model_positions − chunk``), so
+      that no exact read sees a distance the model was not trained on;
+    - ``state_positions``: the length trained feature maps were trained at (``trained_length``),
+      else the model's context.
+
+    Args:
+        model_positions: the model's ``max_position_embeddings`` (``None``: unknown).
+        trained_length: the positions the feature maps were trained on, or ``None``.
+    """
+    if config.positions != "bounded":
+        return config
+    update: dict[str, int] = {}
+    known = type(model_positions) is int and model_positions > 0
+    if config.exact_distance is None:
+        if not known or model_positions <= config.chunk:
+            raise ValueError(
+                f"positions='bounded' needs exact_distance: the model's context ({model_positions!r} positions) does not give one beyond chunk={config.chunk}; set exact_distance"
+            )
+        update["exact_distance"] = model_positions - config.chunk
+    if config.state_positions is None:
+        if trained_length:
+            update["state_positions"] = int(trained_length)
+        elif known:
+            update["state_positions"] = model_positions
+        else:
+            raise ValueError(
+                "positions='bounded' needs state_positions: neither the feature maps nor the model say how many positions they were trained on; set it"
+            )
+    return config.model_copy(update=update) if update else config

@@ -83,6 +83,14 @@ def apply_lola(
     bad = [i for i in config.layer_overrides if i >= num_layers]
     if bad:
         raise ValueError(f"layer_overrides for layers {bad} out of range: the model has {num_layers} layers")
+    rotary = None
+    if config.positions == "bounded":  # the layers re-rotate with the model's own rotary embedding
+        from lola.core.positions import RotaryEmbedding
+        from lola.pretrained.resolve import resolve_positions
+
+        trained = maps.read.linear_share_cap_from if maps is not None and maps.read is not None else None
+        config = resolve_positions(config, getattr(model.config, "max_position_embeddings", None), trained or None)
+        rotary = RotaryEmbedding.from_model(model)
     register_attention()
     by_layer: dict[int, LoLAAttention] = {}
     for module in modules:
@@ -94,7 +102,7 @@ def apply_lola(
         if layer_cfg.scale is None and getattr(module, "scaling", None) is not None:
             layer_cfg = layer_cfg.model_copy(update={"scale": float(module.scaling)})
         weight = module.q_proj.weight
-        lola_attn = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads, layer=i).to(weight.device)
+        lola_attn = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads, layer=i, rotary=rotary).to(weight.device)
         module.lola = lola_attn
         by_layer[i] = lola_attn
     previous = model.config._attn_implementation

@@ -121,14 +121,39 @@ def lola_attention_forward(
         )
     state = None if layer is None else layer.state
     q_len = query.shape[2]
-    o, state = lola_attn(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), state=state, padding_mask=segment_padding_mask(attention_mask, q_len)
-    )
+    padding = segment_padding_mask(attention_mask, q_len)
+    if lola_attn.positions is not None:
+        check_rotated_positions(kwargs.get("position_ids"), state, padding, getattr(module, "layer_idx", "?"))
+    o, state = lola_attn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), state=state, padding_mask=padding)
     if layer is not None:
         layer.state = state
         layer.pending_key = None
         _ANNOUNCED.set(None)
     return o, None
+
+
+def check_rotated_positions(position_ids: torch.Tensor | None, state: Any, padding: torch.Tensor | None, layer: object) -> None:
+    """Bounded positions re-rotate keys from the positions the model rotated them at, taken to
+    be each token's count of real tokens before it in its row (what ``generate()`` feeds):
+    refuse ``position_ids [B, q_len]`` that say otherwise (e.g. a left-padded batch called
+    without positions derived from its mask). Padding entries are not compared."""
+    if position_ids is None:
+        return
+    from lola.core.checks import require
+
+    b, t = padding.shape if padding is not None else (position_ids.shape[0], position_ids.shape[-1])
+    seen = state.seen if state is not None and getattr(state, "allocated", False) else torch.zeros(b, dtype=torch.long, device=position_ids.device)
+    steps = padding.long().cumsum(dim=1) if padding is not None else torch.arange(1, t + 1, device=position_ids.device)[None, :]
+    expected = seen.to(position_ids.device)[:, None] + steps - 1
+    same = position_ids.expand(b, t) == expected
+    if padding is not None:
+        same = same | ~padding
+    message = (
+        f"LoLA layer {layer} bounds its positions and takes each token's position to be its row's count of real tokens before it; "
+        "the model was called with other position_ids (derive them from the attention mask, as generate() does)"
+    )
+    if not require(same.all(), message):
+        raise ValueError(message)
 
 
 def register_attention() -> None:

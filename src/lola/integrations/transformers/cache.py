@@ -15,7 +15,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from lola.engine.composer import LoLAMemory
 from lola.integrations.transformers.attention import announce
-from lola.integrations.transformers.model_record import applied, check_attention_implementation
+from lola.integrations.transformers.model_record import applied, check_attention_implementation, context_limit
 from lola.io.checksums import sha256_file, weights_digest
 from lola.limits import MAX_TOKENS
 
@@ -248,8 +248,8 @@ class LoLACache(Cache):
         lengths = meta.get("cumulative_lengths")
         # Positions beyond the model's (or any context LoLA is meant for) would decode with
         # RoPE far outside what it was trained on.
-        positions = getattr(model.config, "max_position_embeddings", None)
-        most = min(MAX_TOKENS, positions) if type(positions) is int and positions > 0 else MAX_TOKENS
+        positions = context_limit(model)
+        most = min(MAX_TOKENS, positions) if positions is not None else MAX_TOKENS
         if not (isinstance(lengths, list) and len(lengths) == len(cache.layers) and all(type(n) is int and 0 <= n <= most for n in lengths)):
             shown = repr(lengths[:8])[:-1] + ", ...]" if isinstance(lengths, list) and len(lengths) > 8 else repr(lengths)
             bound = f"the model's max_position_embeddings ({positions})" if most != MAX_TOKENS else f"lola.limits.MAX_TOKENS ({MAX_TOKENS})"

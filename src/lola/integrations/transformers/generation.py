@@ -49,14 +49,19 @@ def check_cache(model: torch.nn.Module, cache: Any) -> None:
 
 
 def check_generation_length(model: torch.nn.Module, positions_needed: int) -> None:
-    """Refuse a generation that would feed positions past the model's ``max_position_embeddings``:
-    LoLA's exact tokens keep their rotary positions, and beyond the trained range the model's
-    (and the feature maps') behaviour is unmeasured: refused, as :meth:`LoLACache.load` does."""
-    positions = getattr(model.config, "max_position_embeddings", None)
-    if type(positions) is int and positions > 0 and positions_needed > positions:
+    """Refuse a generation that would feed positions past the model's ``max_position_embeddings``
+    unless every layer bounds its positions (:func:`~lola.integrations.transformers.model_record.context_limit`):
+    with absolute positions LoLA's exact tokens keep their rotary positions, and beyond the trained
+    range the model's (and the feature maps') behaviour is unmeasured: refused, as
+    :meth:`LoLACache.load` does."""
+    from lola.integrations.transformers.model_record import context_limit
+
+    positions = context_limit(model)
+    if positions is not None and positions_needed > positions:
         raise ValueError(
             f"generate would feed {positions_needed} positions (the prompt plus max_new_tokens, less the last token), past the model's "
-            f"max_position_embeddings ({positions}): lower max_new_tokens (or max_length) so that prompt + new tokens is at most {positions + 1}"
+            f"max_position_embeddings ({positions}): lower max_new_tokens (or max_length) so that prompt + new tokens is at most {positions + 1}, "
+            "or apply LoLA with positions='bounded'"
         )
 
 

@@ -15,7 +15,7 @@ from lola.config import LoLAConfig
 from lola.layer import LoLAAttention
 from lola.pretrained.model_entry import CONFIG_KEY, config_entry, entry_config
 
-__all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "attention_switched", "check_attention_implementation", "config_entry", "saved_config"]
+__all__ = ["CONFIG_KEY", "AppliedLoLA", "applied", "attention_switched", "check_attention_implementation", "config_entry", "context_limit", "saved_config"]
 
 
 @dataclass
@@ -68,6 +68,21 @@ def applied(model: torch.nn.Module, needed_by: str | None = None) -> AppliedLoLA
     if info is None and needed_by is not None:
         raise ValueError(f"{needed_by} needs a model prepared with lola.apply_lola(model, config)")
     return info
+
+
+def context_limit(model: torch.nn.Module) -> int | None:
+    """The positions ``model`` may be fed: ``None`` (no limit) when LoLA is applied with bounded
+    positions to every layer (every read then sees positions the model was trained on, however
+    long the stream), else its ``max_position_embeddings`` (``None`` if it has none): full
+    attention, and LoLA with absolute positions, would read past the trained range."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    positions = positions if type(positions) is int and positions > 0 else None
+    info = getattr(model, "_lola", None)
+    if info is None or info.full_attention_layers or not info.modules:
+        return positions
+    if all(m.positions is not None for m in info.modules.values()):
+        return None
+    return positions
 
 
 def check_attention_implementation(model: torch.nn.Module) -> None:

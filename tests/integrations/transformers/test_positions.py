@@ -1,0 +1,73 @@
+"""Streams past a model's context through transformers: bounded positions accept them, absolute
+positions and full attention keep refusing them."""
+
+import pytest
+import torch
+
+import lola
+from lola.integrations.transformers import LoLACache, apply_lola
+from tests.integrations.transformers.conftest import left_padded, tiny
+from tests.oracles import assert_rel_close
+
+CONTEXT = 48
+BOUNDED = lola.LoLAConfig(window=6, sparse_size=5, sinks=2, chunk=4, positions="bounded")
+
+
+def short_model(config=BOUNDED):
+    return apply_lola(tiny("llama", max_position_embeddings=CONTEXT), config)
+
+
+def test_apply_fills_the_limits_from_the_model_and_takes_its_rotation():
+    model = short_model()
+    cfg = model._lola.config
+    assert (cfg.exact_distance, cfg.state_positions) == (CONTEXT - BOUNDED.chunk, CONTEXT)
+    layer = model._lola.modules[0]
+    assert torch.equal(layer.positions.rotary.inv_freq, model.model.rotary_emb.inv_freq.double())
+    own = short_model(BOUNDED.model_copy(update={"exact_distance": 10, "state_positions": 7}))
+    assert (own._lola.config.exact_distance, own._lola.config.state_positions) == (10, 7)
+
+
+def test_generate_runs_past_the_context_and_left_padding_reads_as_rows_alone():
+    model = short_model()
+    ids, mask = left_padded(batch=3, length=3 * CONTEXT)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        assert out.shape[1] == 3 * CONTEXT + 6
+        for row in range(3):
+            alone = ids[row, mask[row].bool()][None]
+            mine = model.generate(alone, max_new_tokens=6, do_sample=False)
+            assert torch.equal(mine[0, -6:], out[row, -6:])
+
+
+def test_a_prefill_then_tokens_one_by_one_equals_one_forward_past_the_context():
+    model = short_model()
+    ids = torch.randint(0, 101, (2, 2 * CONTEXT + 9))
+    with torch.no_grad():
+        whole = model(ids, use_cache=False).logits
+        cache = LoLACache(model)
+        parts = [model(ids[:, :CONTEXT], cache=cache).logits]
+        for i in range(CONTEXT, ids.shape[1]):
+            parts.append(model(ids[:, i : i + 1], cache=cache).logits)
+    assert_rel_close(whole, torch.cat(parts, dim=1), 1e-4)
+
+
+def test_absolute_positions_keep_refusing():
+    model = short_model(lola.LoLAConfig(window=6, sparse_size=5, sinks=2, chunk=4))
+    with pytest.raises(ValueError, match=r"max_position_embeddings \(48\).*positions='bounded'"):
+        model.generate(torch.randint(0, 101, (1, CONTEXT)), max_new_tokens=4, do_sample=False)
+
+
+def test_a_full_attention_layer_keeps_the_refusal():
+    model = short_model(BOUNDED.model_copy(update={"full_attention_layers": [1]}))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.generate(torch.randint(0, 101, (1, CONTEXT)), max_new_tokens=4, do_sample=False)
+
+
+def test_positions_other_than_the_counts_of_real_tokens_are_refused():
+    model = short_model()
+    ids, mask = left_padded(batch=2, length=20)
+    with pytest.raises(ValueError, match="bounds its positions.*other position_ids"):
+        model(ids, attention_mask=mask, cache=LoLACache(model))  # positions 0..19 on the padded row
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, position_ids=positions, cache=LoLACache(model))

@@ -33,9 +33,10 @@ def stock_bytes(cache: DynamicCache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
 
 
-def run(model, ids: torch.Tensor, contexts: list[int], decode: int, make_cache, nbytes) -> list[tuple[int, float, int, float]]:
+def run(model, ids: torch.Tensor, contexts: list[int], decode: int, make_cache, nbytes, after=None) -> list[tuple[int, float, int, float]]:
     """Grow one cache through ``contexts`` (prefill from ``ids``), timing ``decode`` greedy steps at
-    each; rows ``(context, decode ms/token, cache bytes, prefill tokens/s of the last segment)``."""
+    each; rows ``(context, decode ms/token, cache bytes, prefill tokens/s of the last segment)``;
+    ``after()`` is called after each row (a measurement of the caller's)."""
     cache, consumed, rows = make_cache(), 0, []
     with torch.inference_mode():
         for ctx in contexts:
@@ -52,6 +53,8 @@ def run(model, ids: torch.Tensor, contexts: list[int], decode: int, make_cache, 
                 nxt = logits[:, -1:].argmax(-1)
             rows.append((ctx, (time.perf_counter() - t0) / decode * 1e3, nbytes(cache), prefill))
             print(f"  {ctx:>6} tokens: prefill {prefill:7.1f} tokens/s, decode {rows[-1][1]:8.1f} ms/token, {rows[-1][2] / 2**20:8.1f} MiB", flush=True)
+            if after is not None:
+                after()
     return rows
 
 

@@ -88,8 +88,9 @@ class LoLAConfig(BaseModel):
             than both limits reads exactly as under ``"absolute"``. Streams past the model's
             ``max_position_embeddings`` are accepted only with ``"bounded"``.
         exact_distance: with ``positions="bounded"``, the largest distance an exact read sees
-            (plus up to ``chunk − 1``); ``None``: the model's ``max_position_embeddings − chunk``
-            (:func:`~lola.integrations.transformers.apply_lola`).
+            (plus up to ``chunk − 1``); ``None``: the length trained maps were trained at, else
+            the model's ``max_position_embeddings − chunk``
+            (:func:`~lola.pretrained.resolve.resolve_positions`).
         state_positions: with ``positions="bounded"``, the feature maps see positions below
             this; ``None``: the length trained maps were trained at (their folder's
             ``linear_share_cap_from`` read default), else the model's ``max_position_embeddings``.

@@ -301,6 +301,7 @@ def test_past_the_context_full_attention_is_refused_and_bounded_methods_run(tmp_
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["summary"]["full"]["200"] == {"refused": "past the model's 128 positions"}
     assert saved["methods"]["lola-sre"]["positions"] == "bounded"
+    assert (saved["methods"]["lola-sre"]["exact_distance"], saved["methods"]["lola-sre"]["state_positions"]) == (128 - run.chunk, 128)  # as run
     assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 2 + 2 * 2 * 2  # refused cells are not samples
     from lola.eval.runner import format_summary
 

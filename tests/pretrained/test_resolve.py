@@ -6,7 +6,7 @@ import json
 import pytest
 
 import lola
-from lola.pretrained.resolve import PAPER_MIXING, default_mixing, has_sparse_cache, resolve_config, resolve_mixing
+from lola.pretrained.resolve import PAPER_MIXING, default_mixing, has_sparse_cache, resolve_config, resolve_mixing, resolve_positions
 
 
 @pytest.mark.parametrize(
@@ -159,3 +159,18 @@ def test_the_shipped_linearized_maps_carry_budgets_of_their_own():
     assert [stock.for_layer(i).sparse_size_per_head for i in range(own.num_layers)] == budgets.load(SHIPPED).sizes_for(stock.sparse_size)
     assert "layer_overrides" not in method_configs(NiahRun())["hybrid"].model_fields_set  # no sparse cache, no budgets
     assert default_lola_config(SHIPPED, feature_maps=SHIPPED).layer_overrides == configs["lola-sre"].layer_overrides
+
+
+def test_unset_limits_come_from_the_maps_then_the_model():
+    cfg = lola.LoLAConfig(positions="bounded", chunk=64)
+    assert resolve_positions(lola.LoLAConfig(), 8192, 2048) == lola.LoLAConfig()  # absolute: unchanged
+    filled = resolve_positions(cfg, 8192, 2048)
+    assert (filled.exact_distance, filled.state_positions) == (2048, 2048)  # the maps' (and adapters') trained length
+    filled = resolve_positions(cfg, 8192, None)
+    assert (filled.exact_distance, filled.state_positions) == (8192 - 64, 8192)
+    own = resolve_positions(cfg.model_copy(update={"exact_distance": 100}), 8192, 2048)
+    assert (own.exact_distance, own.state_positions) == (100, 2048)
+    with pytest.raises(ValueError, match="needs exact_distance"):
+        resolve_positions(cfg, None, None)
+    with pytest.raises(ValueError, match="needs state_positions"):
+        resolve_positions(cfg.model_copy(update={"exact_distance": 100}), None, None)

@@ -119,6 +119,12 @@ class FeatureMaps:
     lora_spec: LoraSpec | None = None
     read: ReadDefaults | None = None
 
+    @property
+    def trained_length(self) -> int | None:
+        """The positions the maps were trained on, where the folder says (its read defaults'
+        ``linear_share_cap_from``: the training length), else ``None``."""
+        return (self.read.linear_share_cap_from or None) if self.read is not None else None
+
     def merge_into(self, config: LoLAConfig) -> LoLAConfig:
         """``config`` with the trained fields (feature map, ``f``, affine) filled in and its
         mixing rule decided by :func:`lola.pretrained.resolve.resolve_mixing`: unset, it is the paper's

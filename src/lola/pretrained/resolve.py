@@ -169,8 +169,12 @@ def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_l
     """``config`` with the limits of ``positions="bounded"`` that it leaves unset filled in
     (unchanged under absolute positions):
 
-    - ``exact_distance``: the model's context less one chunk (``model_positions − chunk``), so
-      that no exact read sees a distance the model was not trained on;
+    - ``exact_distance``: the length the feature maps and their adapters were trained at
+      (``trained_length``: the adapted weights read distances beyond it badly; at 16K a cap at
+      the model's context answered 1 of 4 tuning prompts, at 2,048 all four: docs/results.md,
+      "Past the model's context"), else the model's context less one chunk
+      (``model_positions − chunk``), so that no exact read sees a distance the model was not
+      trained on;
     - ``state_positions``: the length trained feature maps were trained at (``trained_length``),
       else the model's context.
 
@@ -182,7 +186,9 @@ def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_l
         return config
     update: dict[str, int] = {}
     known = type(model_positions) is int and model_positions > 0
-    if config.exact_distance is None:
+    if config.exact_distance is None and trained_length:
+        update["exact_distance"] = int(trained_length)
+    elif config.exact_distance is None:
         if not known or model_positions <= config.chunk:
             raise ValueError(
                 f"positions='bounded' needs exact_distance: the model's context ({model_positions!r} positions) does not give one beyond chunk={config.chunk}; set exact_distance"

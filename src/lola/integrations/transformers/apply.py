@@ -88,8 +88,7 @@ def apply_lola(
         from lola.core.positions import RotaryEmbedding
         from lola.pretrained.resolve import resolve_positions
 
-        trained = maps.read.linear_share_cap_from if maps is not None and maps.read is not None else None
-        config = resolve_positions(config, getattr(model.config, "max_position_embeddings", None), trained or None)
+        config = resolve_positions(config, getattr(model.config, "max_position_embeddings", None), maps.trained_length if maps is not None else None)
         rotary = RotaryEmbedding.from_model(model)
     register_attention()
     by_layer: dict[int, LoLAAttention] = {}

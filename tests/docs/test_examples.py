@@ -104,3 +104,18 @@ def test_needle_timeline_counts_heads_segment_by_segment_and_resumes(tiny_maps, 
             assert r["held_after_segment"][0] == 0  # nothing holds a needle not yet read
         assert sum(r["sparse_by_eighths"]) > 0
     assert run("needle_timeline.py", *args).count("heads holding it") == 0  # resumed: nothing run again
+
+
+def test_long_context_figure_draws_refused_and_bounded_cells(tmp_path):
+    from lola.eval.runner import NiahRun, run_niah
+    from tests.eval.test_runner import TinyTokenizer
+    from tests.integrations.transformers.conftest import tiny
+
+    run_ = NiahRun(
+        feature_maps=None, lengths=[96, 200], samples=1, methods=["full", "lola"], policies=["sre"], window=8, sparse_size=8, sinks=2, chunk=8,
+        max_new_tokens=3, budgets="uniform", positions="bounded",
+    )  # fmt: skip
+    run_niah(run_, tiny("llama", max_position_embeddings=128), TinyTokenizer(), tmp_path / "run", progress=False)
+    figure = tmp_path / "long.png"
+    assert "wrote" in run("long_context_figure.py", str(tmp_path / "run" / "results.json"), "--context", "128", "--out", str(figure))
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -39,6 +39,17 @@ def test_the_read_defaults_fill_what_the_paper_rule_leaves_unset(folder, tmp_pat
     assert (model._lola.config.linear_share_cap, model._lola.config.linear_share_cap_from) == (0.03, 64)
 
 
+def test_read_defaults_may_bound_the_positions(folder, tmp_path):
+    maps = read_feature_maps(_with_read(folder, tmp_path, {"positions": "bounded", "linear_share_cap": 0.5, "linear_share_cap_from": 64}))
+    assert maps.trained_length == 64
+    assert maps.merge_into(lola.LoLAConfig(sparse_size=8)).positions == "bounded"
+    assert maps.merge_into(lola.LoLAConfig(sparse_size=8, positions="absolute")).positions == "absolute"  # the caller's
+    model, _ = tiny_random()
+    lola.apply_lola(model, lola.LoLAConfig(sparse_size=8), feature_maps=maps.path)
+    cfg = model._lola.config
+    assert (cfg.positions, cfg.exact_distance, cfg.state_positions) == ("bounded", 64, 64)  # the maps' trained length
+
+
 def test_a_folder_without_read_defaults_reads_as_before(folder):
     maps = read_feature_maps(folder)
     assert maps.read is None and maps.merge_into(lola.LoLAConfig(sparse_size=8)).linear_share_cap is None

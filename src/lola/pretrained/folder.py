@@ -23,7 +23,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
@@ -81,6 +81,9 @@ class ReadDefaults(BaseModel):
             quantile of the share on the maps' own training text at their training length).
         linear_share_cap_from: the cap applies from this position on (the training length:
             reads inside it are left as trained).
+        positions: ``"bounded"`` to read the maps with bounded positions (limits at their
+            trained length: :func:`lola.pretrained.resolve.resolve_positions`), or ``None``
+            (the config's own, absolute by default).
         budgets: per-head sparse budgets calibrated on the adapted model (``lola calibrate
             --feature-maps``), or ``None``. Unlike the cap they do not depend on the rule: a run
             that asks for ``budgets="auto"`` with these maps gets them in place of the stock
@@ -93,6 +96,7 @@ class ReadDefaults(BaseModel):
 
     linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+    positions: Literal["absolute", "bounded"] | None = None
     budgets: HeadBudgets | None = None
     note: str = ""
 
@@ -150,7 +154,7 @@ class FeatureMaps:
             return merged
         read = {
             f: getattr(self.read, f)
-            for f in ("linear_share_cap", "linear_share_cap_from")
+            for f in ("linear_share_cap", "linear_share_cap_from", "positions")
             if f not in config.model_fields_set and getattr(self.read, f) is not None
         }
         if "linear_share_cap" in config.model_fields_set:  # the caller's cap starts where the caller says

@@ -15,6 +15,9 @@ from lola.limits import MAX_FEATURE_DIM, MAX_HEADS, MAX_SCALE, MAX_TOKENS
 __all__ = ["LoLAConfig", "MAX_FEATURE_DIM", "MAX_HEADS", "MAX_TOKENS"]
 
 _MODEL_LEVEL_FIELDS = {"layer_overrides", "full_attention_layers"}
+# Fields every layer of a model shares (carried to each layer's config, never overridden per layer):
+# the positions a model may be fed depend on all of its layers bounding them alike.
+_SHARED_FIELDS = {"positions", "exact_distance", "state_positions"}
 
 
 def _layer_index(value: Any) -> Any:
@@ -170,7 +173,7 @@ class LoLAConfig(BaseModel):
     @field_validator("layer_overrides")
     @classmethod
     def _overridable_fields(cls, value: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-        allowed = set(cls.model_fields) - _MODEL_LEVEL_FIELDS
+        allowed = set(cls.model_fields) - _MODEL_LEVEL_FIELDS - _SHARED_FIELDS
         for layer, fields in value.items():
             if layer < 0:
                 raise ValueError(f"layer indices must be >= 0, got {layer}")
@@ -211,6 +214,11 @@ class LoLAConfig(BaseModel):
                 raise ValueError(
                     f"{' and '.join(given)} bound the positions of reads only with positions='bounded', got positions='absolute': set positions='bounded' or leave {' and '.join(given)} unset"
                 )
+        window = max(self.window_per_head) if self.window_per_head else self.window
+        if self.exact_distance is not None and self.exact_distance < window:
+            raise ValueError(
+                f"exact_distance={self.exact_distance} is shorter than the window ({window}): the window's keys keep their true distances; give at least {window}"
+            )
         return self
 
     @model_validator(mode="after")

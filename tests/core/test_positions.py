@@ -108,15 +108,16 @@ def absolute_inputs(q_raw, k_raw, rot):
     window=st.integers(0, 10),
     sinks=st.integers(0, 3),
     chunk=st.integers(1, 8),
-    distance=st.integers(1, 24),
+    beyond=st.integers(0, 16),
     state_positions=st.integers(1, 40),
     seed=seeds,
 )
-def test_bounded_reads_equal_a_reference_at_explicit_positions(t, heads, window, sinks, chunk, distance, state_positions, seed):
+def test_bounded_reads_equal_a_reference_at_explicit_positions(t, heads, window, sinks, chunk, beyond, state_positions, seed):
     """No sparse cache: the sliding-window + linear hybrid (invariant 3), its exact keys at the
     positions the bounds assign and its features at positions below ``state_positions``."""
     h, h_kv = heads
     d = 8
+    distance = max(1, window + beyond)  # at least the window (its keys keep their distances)
     rot = rotary(d)
     cfg = lola.LoLAConfig(
         window=window, sparse_size=0, sinks=sinks, chunk=chunk, mixing="lolcats", feature_map="hedgehog",
@@ -160,7 +161,7 @@ def evicting_layer(positions: str, seed: int, budgets: list[int] | None, policy:
 @given(
     t=st.integers(1, 60),
     budgets=st.sampled_from([None, [5, 1], [0, 6]]),
-    policy=st.sampled_from(["sre", "recency", "key_norm", "attention"]),
+    policy=st.sampled_from(["sre", "recency", "key_norm", "attention", "expected_attention", "key_diff"]),
     cut=st.data(),
     seed=seeds,
 )
@@ -226,12 +227,19 @@ def test_limits_without_bounded_positions_are_refused():
         lola.LoLAConfig(state_positions=100)
 
 
+def test_limits_are_model_wide_and_the_window_keeps_its_distances():
+    with pytest.raises(ValueError, match=r"cannot override \['positions'\]"):
+        lola.LoLAConfig(positions="bounded", layer_overrides={0: {"positions": "absolute"}})
+    with pytest.raises(ValueError, match="exact_distance=10 is shorter than the window"):
+        lola.LoLAConfig(positions="bounded", window=16, exact_distance=10)
+
+
 def test_bounded_positions_need_a_rotation_and_limits():
-    cfg = lola.LoLAConfig(positions="bounded", exact_distance=10, state_positions=10)
+    cfg = lola.LoLAConfig(window=8, positions="bounded", exact_distance=10, state_positions=10)
     with pytest.raises(ValueError, match=r"needs rotary= \(the model's RotaryEmbedding\)"):
         lola.compose(cfg, num_heads=2, head_dim=8)
     with pytest.raises(ValueError, match="cfg.state_positions"):
-        lola.compose(lola.LoLAConfig(positions="bounded", exact_distance=10), num_heads=2, head_dim=8, rotary=rotary(8))
+        lola.compose(lola.LoLAConfig(window=8, positions="bounded", exact_distance=10), num_heads=2, head_dim=8, rotary=rotary(8))
     with pytest.raises(ValueError, match="rotates 16 dimensions, heads have 8"):
         lola.compose(cfg, num_heads=2, head_dim=8, rotary=rotary(16))
 

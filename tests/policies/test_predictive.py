@@ -1,4 +1,5 @@
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -104,7 +105,7 @@ def test_expected_attention_needs_statistics():
 def test_key_diff_is_minus_cosine_to_the_mean_unit_key():
     k = torch.tensor([[[[1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [9.0, -9.0]]]])
     pos = torch.tensor([[[0, 1, 2, -1]]])  # the last slot is empty: not part of the anchor
-    out = KeyDiff().score(KVBlock(k, k, pos), None)
+    out = KeyDiff().score(KVBlock(k, k, pos), SimpleNamespace(exact_keys=lambda block: block.k))  # absolute positions
     anchor = (torch.tensor([1.0, 0.0]) + torch.tensor([0.0, 1.0]) + torch.tensor([1.0, 1.0]) / math.sqrt(2)) / 3
     for j in range(3):
         expect = -float(k[0, 0, j] @ anchor / (k[0, 0, j].norm() * anchor.norm()))

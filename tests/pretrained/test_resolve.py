@@ -174,3 +174,5 @@ def test_unset_limits_come_from_the_maps_then_the_model():
         resolve_positions(cfg, None, None)
     with pytest.raises(ValueError, match="needs state_positions"):
         resolve_positions(cfg.model_copy(update={"exact_distance": 100}), None, None)
+    capped = resolve_positions(cfg, 2048, 4096)  # maps trained longer than the model's context
+    assert capped.exact_distance == 2048 - 64 and capped.state_positions == 4096

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lola.core.checks import reads_back
+
 __all__ = ["BoundedPositions", "RotaryEmbedding"]
 
 
@@ -69,16 +71,24 @@ class RotaryEmbedding:
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> "RotaryEmbedding":
         """The rotation of a transformers model: its rotary module's ``inv_freq`` (``default``,
-        ``linear``, ``llama3``, ``yarn``, ``longrope``… scaling already applied). A ``dynamic``
-        scaling (frequencies that change with the length) is refused: a delta rotation needs
-        frequencies that do not move."""
-        rotary = next((m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)), None)
-        if rotary is None:
-            raise ValueError(f"{type(model).__name__} has no rotary embedding (no module with an inv_freq buffer): bounded positions need RoPE")
-        rope_type = getattr(rotary, "rope_type", "default")
-        if "dynamic" in str(rope_type):
-            raise ValueError(f"the model's RoPE scaling {rope_type!r} changes its frequencies with the length: bounded positions need fixed ones")
-        return cls(rotary.inv_freq)
+        ``linear``, ``llama3``, ``yarn``… scaling already applied), checked against the model's
+        own ``apply_rotary_pos_emb``: rotating by a delta must equal the model's rotation at the
+        moved position. Refused, naming why: a model with no rotary module, with several, with
+        layers that skip RoPE, or whose rotation the check does not reproduce (frequencies that
+        change with the length, such as ``dynamic`` and ``longrope``; an interleaved layout)."""
+        rotaries = [m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
+        name = type(model).__name__
+        if not rotaries:
+            raise ValueError(f"{name} has no rotary embedding of fixed frequencies (a module with an inv_freq buffer): bounded positions need one")
+        if any(not torch.equal(r.inv_freq, rotaries[0].inv_freq) for r in rotaries[1:]):
+            raise ValueError(f"{name} rotates its layers with {len(rotaries)} different rotary embeddings: bounded positions support one")
+        config = getattr(model, "config", None)
+        skipped = getattr(config, "no_rope_layers", None)
+        if isinstance(skipped, (list, tuple)) and not all(skipped):
+            raise ValueError(f"{name} skips RoPE in some layers (no_rope_layers): bounded positions would rotate keys the model never rotated")
+        rotary = cls(rotaries[0].inv_freq)
+        _check_against(rotary, rotaries[0], config, name)
+        return rotary
 
     def cos_sin(self, delta: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin [..., R/2]`` of the angles ``delta·θ`` (computed in float64: a delta of 64K
@@ -105,6 +115,39 @@ class RotaryEmbedding:
         if f is None:
             f = self._by_device[key] = self.inv_freq.to(device)
         return f
+
+
+def _check_against(rotary: RotaryEmbedding, module: torch.nn.Module, config: object, name: str) -> None:
+    """Refuse ``rotary`` unless moving a vector the model rotated at ``n`` by ``Δ`` equals the
+    model's own rotation at ``n + Δ`` (``Δ`` past its context, where length-dependent frequencies
+    switch), through the ``apply_rotary_pos_emb`` of the module's model file."""
+    import copy
+    import sys
+
+    apply = getattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb", None)
+    module = copy.deepcopy(module)  # a length-dependent rotary updates its buffers when called: never the model's
+    if apply is None:
+        raise ValueError(f"{name}: no apply_rotary_pos_emb beside its rotary embedding, so its layout cannot be checked: bounded positions are refused")
+    dim = rotary.rotary_dim
+    head_dim = getattr(config, "head_dim", None) or dim
+    x = torch.randn(1, 1, 2, head_dim, generator=torch.Generator().manual_seed(0))
+    context = getattr(config, "max_position_embeddings", None) or 4096
+    n, delta = 5, 2 * int(context) + 7
+    try:
+        with torch.no_grad():
+            cos_n, sin_n = module(x, torch.tensor([[n, n + 1]]))
+            cos_m, sin_m = module(x, torch.tensor([[n + delta, n + 1 + delta]]))
+            at_n, _ = apply(x, x, cos_n, sin_n)
+            at_m, _ = apply(x, x, cos_m, sin_m)
+    except Exception as err:  # a signature of another kind: not a layout this check knows
+        raise ValueError(f"{name}: its rotary embedding could not be checked ({type(err).__name__}: {err}): bounded positions are refused") from None
+    moved = rotary.rotate(at_n.float(), torch.full((1, 1, 2), delta))
+    err = float((moved - at_m.float()).norm() / at_m.float().norm().clamp_min(1e-30))
+    if not err < 1e-3:
+        raise ValueError(
+            f"{name}: rotating by a position delta does not reproduce the model's RoPE (relative error {err:.2g}: frequencies that change with the length, "
+            "such as dynamic or longrope scaling, or a layout other than rotate-half): bounded positions are refused"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,6 +195,8 @@ class BoundedPositions:
         """
         floor = (first - self.exact_distance).view(-1, *([1] * (pos.dim() - 1)))
         delta = torch.where(pos >= 0, (floor - pos).clamp_min(0), 0)
+        if reads_back(delta.device) and not bool(delta.any()):  # on a host: no held key is that far, no copy
+            return k
         return self.rotary.rotate(k, delta)
 
     def state_inputs(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,7 @@ def select(state: LayerState, rows: torch.Tensor, feature_map_k: FeatureFn, scal
         fresh=leaving.size,
         head_offset=state.head_offset,
         key_positions=_state_positions(state),
+        exact_positions=_exact_positions(state),
     )
     scores = _score(state.policy, candidates, ctx) if state.sparse.capacity > 0 else torch.zeros_like(candidates.pos, dtype=torch.float32)
     _check_scores(scores, candidates.valid, state.policy)
@@ -78,6 +79,16 @@ def _state_positions(state: LayerState) -> Callable[[torch.Tensor, torch.Tensor]
     if bounded is None or not bounded.moves_state(state.counts.host_range()[1]):
         return None
     return bounded.state_inputs
+
+
+def _exact_positions(state: LayerState) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """Keys as the reads after the step see them (the stepping token's period): ``None`` unless
+    the layer bounds positions and a row is past ``exact_distance``."""
+    bounded = state.positions
+    newest = state.counts.host_range()[1] - 1 if bounded is not None else 0
+    if bounded is None or not bounded.moves_exact(newest):
+        return None
+    return lambda k, pos: state.exact_view(k, pos, state.seen - 1, newest)
 
 
 def _kept(policy: object, ctx: ScoringContext, candidates: KVBlock) -> torch.Tensor:

@@ -151,6 +151,8 @@ def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pat
                 exact = run.sinks + run.window + run.sparse_size
                 for method, by in summarize(records).items():
                     cell = by[length]
+                    if "refused" in cell:  # full attention past the model's context: no point to draw
+                        continue
                     rows.append({"haystack": haystack, "length": length, "budget": budget, "exact_tokens": exact, "method": method, **cell})
                 body = json.dumps({"format": "lola-budget-sweep", "sweep": json.loads(sweep.model_dump_json()), "rows": rows}, indent=1)
                 write_files(out, {SWEEP_FILE: body + "\n"}, writer="lola sweep")

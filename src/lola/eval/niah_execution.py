@@ -13,7 +13,7 @@ from lola.eval.niah_records import RESULTS_FILE, SAMPLES_FILE, _write_results, c
 from lola.eval.niah_report import plot_results, refused_record
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs, run_inputs
 from lola.methods import holds_length
-from lola.pretrained.resolve import resolve_positions
+from lola.pretrained.resolve import run_config
 
 
 def _cache_bytes(cache: Any) -> int:
@@ -85,10 +85,8 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     check_budgets(run, model)
     configs = method_configs(run)
     # What each method really runs: trained maps fill in the fields a config leaves unset.
-    effective = {m: c if c is None or maps is None else maps.merge_into(c) for m, c in configs.items()}
-    # ... and the limits of bounded positions that apply_lola takes from the model and the maps.
-    trained = maps.trained_length if maps is not None else None
-    effective = {m: c if c is None else resolve_positions(c, max_positions, trained) for m, c in effective.items()}
+    # (and the limits of bounded positions that apply_lola takes from the model and the maps)
+    effective = {m: run_config(c, maps, max_positions) for m, c in configs.items()}
     # Full attention, and LoLA with absolute positions, cannot read past the model's context:
     # their cells there are refused (shown so), a run with nothing left to read is refused whole.
     refused = [(m, n) for m, c in effective.items() for n in run.lengths if not holds_length(c, n, max_positions)]

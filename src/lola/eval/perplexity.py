@@ -38,7 +38,7 @@ from lola.methods import (
     method_name,
     position_options,
 )
-from lola.pretrained.resolve import resolve_config
+from lola.pretrained.resolve import resolve_config, run_config
 
 __all__ = ["PerplexityRun", "PPL_METHODS", "format_perplexity", "perplexity_configs", "run_perplexity", "window_nll"]
 
@@ -144,23 +144,17 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
     return configs
 
 
-def _check_methods(model: Any, configs: dict[str, LoLAConfig | None], feature_maps: str | None) -> Any:
-    """Apply (and remove) every LoLA config of ``configs`` once, so that whatever
-    :func:`~lola.integrations.transformers.apply_lola` refuses (the architecture, feature maps
-    that do not fit the model or a config) is refused before any work; the feature maps are read
-    once. Returns them (or ``None``)."""
+def _check_methods(model: Any, configs: dict[str, LoLAConfig | None], maps: Any) -> None:
+    """Apply (and remove) every LoLA config of ``configs`` once, with the read feature ``maps``
+    (or ``None``), so that whatever :func:`~lola.integrations.transformers.apply_lola` refuses
+    (the architecture, feature maps that do not fit the model or a config) is refused before any
+    work."""
     from lola.integrations.transformers import apply_lola, remove_lola
 
-    maps = None
-    if feature_maps is not None and any(cfg is not None for cfg in configs.values()):
-        from lola.pretrained.folder import read_feature_maps
-
-        maps = read_feature_maps(feature_maps)
     for cfg in configs.values():
         if cfg is not None:
             apply_lola(model, cfg, feature_maps=maps)
             remove_lola(model)
-    return maps
 
 
 @torch.no_grad()
@@ -183,9 +177,15 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
 
     max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     configs = perplexity_configs(run)
-    # Full attention, and LoLA with absolute positions, cannot read past the model's context: their
-    # cells there are refused (shown so); a length no method can read is refused before any work.
-    refused = {(m, n) for m, c in configs.items() for n in run.lengths if not holds_length(c, n + run.generate, max_positions)}
+    maps = None
+    if run.feature_maps is not None and any(c is not None for c in configs.values()):
+        from lola.pretrained.folder import read_feature_maps
+
+        maps = read_feature_maps(run.feature_maps)
+    # Full attention, and LoLA with absolute positions (the configs as they will run, the maps'
+    # read defaults included), cannot read past the model's context: their cells there are
+    # refused (shown so); a length no method can read is refused before any work.
+    refused = {(m, n) for m, c in configs.items() for n in run.lengths if not holds_length(run_config(c, maps, max_positions), n + run.generate, max_positions)}
     for n in run.lengths:  # before the text is read and encoded
         if all((m, n) in refused for m in configs):
             if not holds_length(None, n, max_positions):
@@ -212,7 +212,7 @@ def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: boo
         geometry = model_geometry(model)
         with about(f"--budgets {run.budgets}"):
             head_budgets.load(run.budgets).check_geometry(geometry["num_layers"], geometry["num_kv_heads"])
-    maps = _check_methods(model, configs, run.feature_maps)  # before the bar: an error under it would print on the bar's line
+    _check_methods(model, configs, maps)  # before the bar: an error under it would print on the bar's line
     device = next(model.parameters()).device
     jobs = [(m, n, w) for m in configs for n in run.lengths for w in range(min(run.windows, ids.numel() // n)) if (m, n) not in refused]
     gen_jobs = sum(1 for m, n, w in jobs if run.generate and w < run.generate_windows)

@@ -38,6 +38,10 @@ class ScoringContext:
         key_positions: ``None``, or ``(k [B, H, N, D], pos [B, H, N]) -> k`` the keys as the
             feature maps see them (bounded positions: :class:`lola.core.positions.BoundedPositions`);
             :meth:`key_features` applies it, so a policy that needs ``φ(k)`` asks for it there.
+        exact_positions: ``None``, or ``(k [B, Hs, N, D], pos [B, Hs, N]) -> k`` the keys as the
+            exact reads after this step see them (bounded positions re-rotate far keys);
+            :meth:`exact_keys` applies it, so a policy that predicts attention from keys asks
+            for them there.
         kept: ``[B, Hs, N]`` float32, set during :meth:`ScoringPolicy.score` by the part of a
             policy that keeps scores (``keeps_scores``): what the composer stores in the slots'
             tallies for the next step (``candidates.acc`` then).
@@ -53,6 +57,7 @@ class ScoringContext:
     fresh: int | None = None
     head_offset: int | None = None
     key_positions: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    exact_positions: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     kept: torch.Tensor | None = field(default=None, init=False)
     _features: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -82,6 +87,11 @@ class ScoringContext:
             return x
         x = x.unflatten(1, (-1, group))
         return x.mean(dim=2) if how == "mean" else x.amax(dim=2)
+
+    def exact_keys(self, block: KVBlock) -> torch.Tensor:
+        """``[B, Hs, N, D]``: the block's keys at the positions the exact reads after this step
+        give them (the keys themselves under absolute positions)."""
+        return block.k if self.exact_positions is None else self.exact_positions(block.k, block.pos)
 
     def key_features(self, block: KVBlock, index: torch.Tensor | None = None) -> torch.Tensor:
         """``φ(k)`` of the block's keys for every query head, ``[B, H, N, F]`` float32; with

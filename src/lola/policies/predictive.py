@@ -90,7 +90,7 @@ class ExpectedAttention:
             r = _cached_rotation(mu.shape[-1], self.rope_theta, self.horizon, str(mu.device))
             mu = mu @ r.T
             cov = r @ cov @ r.T
-        k = ctx.expand_heads(candidates.k, g).float()  # [B, H, N, D]
+        k = ctx.expand_heads(ctx.exact_keys(candidates), g).float()  # [B, H, N, D], as the reads will see them
         c = ctx.scale
         a = c * torch.einsum("bhnd,bhd->bhn", k, mu) + 0.5 * c * c * torch.einsum("bhnd,bhde,bhne->bhn", k, cov, k)
         valid = ctx.expand_heads(candidates.valid, g)
@@ -109,7 +109,7 @@ class KeyDiff:
     needs_attention = False
 
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
-        unit = torch.nn.functional.normalize(candidates.k.float(), dim=-1)
+        unit = torch.nn.functional.normalize(ctx.exact_keys(candidates).float(), dim=-1)
         valid = candidates.valid[..., None]
         anchor = torch.where(valid, unit, 0.0).sum(dim=2) / valid.sum(dim=2).clamp_min(1)  # [B, Hs, D]
         return -torch.nn.functional.cosine_similarity(unit, anchor[:, :, None, :], dim=-1)

@@ -44,6 +44,7 @@ __all__ = [
     "resolve_config",
     "resolve_mixing",
     "resolve_positions",
+    "run_config",
     "takes_budgets",
 ]
 
@@ -172,9 +173,9 @@ def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_l
     - ``exact_distance``: the length the feature maps and their adapters were trained at
       (``trained_length``: the adapted weights read distances beyond it badly; at 16K a cap at
       the model's context answered 1 of 4 tuning prompts, at 2,048 all four: docs/results.md,
-      "Past the model's context"), else the model's context less one chunk
-      (``model_positions − chunk``), so that no exact read sees a distance the model was not
-      trained on;
+      "Past the model's context"), else the model's context less one schedule period
+      (``model_positions − P``); never more than that, so that no exact read sees a distance
+      the model was not trained on;
     - ``state_positions``: the length trained feature maps were trained at (``trained_length``),
       else the model's context.
 
@@ -186,14 +187,20 @@ def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_l
         return config
     update: dict[str, int] = {}
     known = type(model_positions) is int and model_positions > 0
-    if config.exact_distance is None and trained_length:
-        update["exact_distance"] = int(trained_length)
-    elif config.exact_distance is None:
-        if not known or model_positions <= config.chunk:
+    from lola.schedules import build as build_schedule
+
+    period = build_schedule(config.schedule, chunk=config.chunk, **config.schedule_kwargs).period
+    if config.exact_distance is None:
+        # a read sees distances up to exact_distance + period - 1: within the model's context
+        most = model_positions - period if known else None
+        if trained_length:
+            update["exact_distance"] = int(trained_length) if most is None else max(1, min(int(trained_length), most))
+        elif most is None or most < 1:
             raise ValueError(
-                f"positions='bounded' needs exact_distance: the model's context ({model_positions!r} positions) does not give one beyond chunk={config.chunk}; set exact_distance"
+                f"positions='bounded' needs exact_distance: the model's context ({model_positions!r} positions) does not give one beyond the schedule's period {period}; set exact_distance"
             )
-        update["exact_distance"] = model_positions - config.chunk
+        else:
+            update["exact_distance"] = most
     if config.state_positions is None:
         if trained_length:
             update["state_positions"] = int(trained_length)
@@ -204,3 +211,15 @@ def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_l
                 "positions='bounded' needs state_positions: neither the feature maps nor the model say how many positions they were trained on; set it"
             )
     return config.model_copy(update=update) if update else config
+
+
+def run_config(config: LoLAConfig | None, feature_maps: Any = None, model_positions: int | None = None) -> LoLAConfig | None:
+    """The config a LoLA layer runs with once :func:`~lola.integrations.transformers.apply_lola`
+    applied read ``feature_maps`` (their trained fields and read defaults) on a model of
+    ``model_positions`` positions (the limits of bounded positions); ``None`` (full attention)
+    stays ``None``. What the evaluations record and decide with before applying anything."""
+    if config is None:
+        return None
+    if feature_maps is not None:
+        config = feature_maps.merge_into(config)
+    return resolve_positions(config, model_positions, feature_maps.trained_length if feature_maps is not None else None)

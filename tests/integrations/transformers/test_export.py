@@ -71,3 +71,16 @@ def test_the_command_writes_a_folder_and_replaces_only_its_own(tmp_path, capsys)
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert main(["export", "--model", "tiny-random-llama", "--out", str(tmp_path / "other")]) == 2
     assert "--out" in capsys.readouterr().err and (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_bounded_positions_export_for_transformers_and_are_refused_for_vllm(tmp_path):
+    model, tok = tiny_random()
+    bounded = CFG.model_copy(update={"positions": "bounded"})
+    export_pretrained(model, tok, tmp_path / "out", bounded)
+    loaded = from_pretrained(tmp_path / "out")
+    cfg = loaded._lola.config
+    assert (cfg.positions, cfg.exact_distance, cfg.state_positions) == ("bounded", 8192 - 4, 8192)  # the limits it was exported with
+    assert loaded._lola.modules[0].positions is not None
+    with pytest.raises(ValueError, match="lola-vllm plug-in does not read bounded positions yet"):
+        export_pretrained(model, tok, tmp_path / "vllm", bounded, vllm=True)
+    assert not (tmp_path / "vllm" / "config.json").exists()

@@ -71,3 +71,38 @@ def test_positions_other_than_the_counts_of_real_tokens_are_refused():
     positions = (mask.cumsum(1) - 1).clamp_min(0)
     with torch.no_grad():
         model(ids, attention_mask=mask, position_ids=positions, cache=LoLACache(model))
+
+
+@pytest.mark.parametrize(
+    "arch, overrides, match",
+    [
+        ("llama", dict(rope_scaling={"rope_type": "dynamic", "factor": 4.0}), "does not reproduce the model's RoPE"),
+        ("cohere", {}, "does not reproduce the model's RoPE"),  # interleaved pairs
+        ("smollm3", dict(no_rope_layers=[1, 0], vocab_size=128256), "skips RoPE in some layers"),
+    ],
+)
+def test_a_rotation_the_delta_cannot_reproduce_is_refused(arch, overrides, match):
+    import transformers
+
+    config = transformers.AutoConfig.for_model(
+        arch, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **{"vocab_size": 101, **overrides}
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    with pytest.raises(ValueError, match=match):
+        lola.RotaryEmbedding.from_model(model)
+    assert all(torch.equal(b, before[n]) for n, b in model.named_buffers())  # the check left the model as it was
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    ],
+)
+def test_scaled_rope_of_fixed_frequencies_is_taken(scaling):
+    model = tiny("llama", max_position_embeddings=64, **({"rope_scaling": scaling} if scaling else {}))
+    rot = lola.RotaryEmbedding.from_model(model)
+    assert torch.equal(rot.inv_freq, model.model.rotary_emb.inv_freq.double())

@@ -19,6 +19,10 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
     @classmethod
     def verify_and_update_config(cls, vllm_config) -> None:
         cache = vllm_config.cache_config
+        from lola.pretrained.resolve import resolve_config
+
+        if resolve_config(getattr(vllm_config.model_config.hf_config, "lola", None)).positions == "bounded":
+            raise ValueError("the lola-vllm plug-in does not read bounded positions yet: serve a LoLA config with positions='absolute'")
         if vllm_config.speculative_config is not None:
             raise ValueError("LoLA layers keep constant-size state that cannot be rolled back: speculative decoding is not supported")
         tp = vllm_config.parallel_config.tensor_parallel_size

@@ -88,6 +88,7 @@ def apply_lola(
         from lola.core.positions import RotaryEmbedding
         from lola.pretrained.resolve import resolve_positions
 
+        # (the maps' fields are merged above)
         config = resolve_positions(config, getattr(model.config, "max_position_embeddings", None), maps.trained_length if maps is not None else None)
         rotary = RotaryEmbedding.from_model(model)
     register_attention()

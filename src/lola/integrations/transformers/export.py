@@ -111,6 +111,11 @@ def export_pretrained(
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields), dtype=next(iter(weights.values())).dtype)
     plain.load_state_dict(weights)
     apply_lola(plain, config if config is not None else LoLAConfig(), feature_maps=feature_maps)
+    if vllm and plain._lola.config.positions == "bounded":
+        raise ValueError(
+            "the lola-vllm plug-in does not read bounded positions yet: export for vLLM with positions='absolute' "
+            "(a config that sets it; the feature maps' read defaults fill it only where the config leaves it unset)"
+        )
     plain.to(_DTYPES[dtype])
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".lola-export-", dir=out) as tmp:

@@ -33,6 +33,16 @@ def stock_bytes(cache: DynamicCache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
 
 
+def noise_stream(tok, contexts: list[int], decode: int) -> torch.Tensor:
+    """``[1, N]`` ids of the noise haystack's sentence repeated: enough for the largest of
+    ``contexts`` plus ``decode`` tokens at each."""
+    text = "\n".join([NOISE] * (contexts[-1] // 10 + 100))
+    ids = tok(text, return_tensors="pt").input_ids[:, : contexts[-1] + decode * len(contexts) + 8]
+    if ids.shape[1] < contexts[-1]:
+        raise SystemExit(f"the text tokenised to only {ids.shape[1]} tokens")
+    return ids
+
+
 def run(model, ids: torch.Tensor, contexts: list[int], decode: int, make_cache, nbytes, after=None) -> list[tuple[int, float, int, float]]:
     """Grow one cache through ``contexts`` (prefill from ``ids``), timing ``decode`` greedy steps at
     each; rows ``(context, decode ms/token, cache bytes, prefill tokens/s of the last segment)``;
@@ -70,10 +80,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     contexts = sorted(args.contexts)
     model, tok = lola.models.load(args.model)
-    text = "\n".join([NOISE] * (contexts[-1] // 10 + 100))
-    ids = tok(text, return_tensors="pt").input_ids[:, : contexts[-1] + args.decode * len(contexts) + 8]
-    if ids.shape[1] < contexts[-1]:
-        raise SystemExit(f"the text tokenised to only {ids.shape[1]} tokens")
+    ids = noise_stream(tok, contexts, args.decode)
 
     print("stock transformers (SDPA + DynamicCache)")
     stock = run(model, ids, contexts, args.decode, DynamicCache, stock_bytes)

@@ -23,10 +23,9 @@ import torch
 from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate import run, stock_bytes  # noqa: E402
+from generate import noise_stream, run, stock_bytes  # noqa: E402
 
 import lola  # noqa: E402
-from lola.eval.niah import NOISE  # noqa: E402
 from lola.integrations.transformers import LoLACache, apply_lola, remove_lola  # noqa: E402
 
 
@@ -42,10 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     contexts = sorted(args.contexts)
     model, tok = lola.models.load(args.model)
-    text = "\n".join([NOISE] * (contexts[-1] // 10 + 100))
-    ids = tok(text, return_tensors="pt").input_ids[:, : contexts[-1] + args.decode * len(contexts) + 8]
-    if ids.shape[1] < contexts[-1]:
-        raise SystemExit(f"the text tokenised to only {ids.shape[1]} tokens")
+    ids = noise_stream(tok, contexts, args.decode)
     limit = model.config.max_position_embeddings
 
     from lola.eval.niah_spec import NiahRun, method_configs

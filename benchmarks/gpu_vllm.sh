@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# lola-vllm on a GPU against stock vLLM, in one go: speed at 1K/4K/8K and the capacity under one
+# lola-attention-vllm on a GPU against stock vLLM, in one go: speed at 1K/4K/8K and the capacity under one
 # cache size, on a random-weight model of a real model's shape (no model download: greedy
 # decoding with ignore_eos does the same work whatever the weights are).
 #
@@ -7,7 +7,7 @@
 #
 # Needs vLLM's CUDA build importable by $PYTHON (default python): the GPU machine cannot fetch it,
 # so it must be installed there already (or its wheels be in $WHEELS, installed with --no-deps).
-# lola and lola-vllm are installed from this checkout with --no-deps.
+# lola and lola-attention-vllm are installed from this checkout with --no-deps.
 # Overrides: PYTHON, SHAPE (smollm2; llama1b, llama8b: see benchmarks/random_llama.py), DTYPE
 # (bfloat16), KV_SPACE (GiB of cache for both methods, default 4), CAPACITY (concurrent requests,
 # default 64), BATCH (8), DECODE (64), TIMEOUT_S (540).
@@ -29,7 +29,7 @@ fi
 MODEL="$(mktemp -d)/model"
 "$PY" benchmarks/random_llama.py "$MODEL" --shape "${SHAPE:-smollm2}" --dtype "${DTYPE:-bfloat16}" || exit 1
 {
-  echo "# lola-vllm on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  echo "# lola-attention-vllm on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   echo
   echo "random ${SHAPE:-smollm2}-shaped model, ${DTYPE:-bfloat16}; command:"
   echo

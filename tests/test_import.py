@@ -42,7 +42,7 @@ def test_the_core_imports_and_runs_without_transformers():
 
 def test_the_transformers_api_says_what_is_missing():
     done = _run("import lola\nlola.apply_lola")
-    assert done.returncode != 0 and "lola.apply_lola needs transformers, from the hf extra (pip install 'lola[hf]')" in done.stderr
+    assert done.returncode != 0 and "lola.apply_lola needs transformers, from the hf extra (pip install 'lola-attention[hf]')" in done.stderr
 
 
 def test_the_command_line_names_the_extra_to_install(tmp_path):
@@ -51,7 +51,7 @@ def test_the_command_line_names_the_extra_to_install(tmp_path):
     out = tmp_path / "run"
     done = _run(f"import sys\nfrom lola.cli import main\nsys.exit(main(['niah', '--model', 'tiny-random-llama', '--out', {str(out)!r}]))")
     assert done.returncode == 2, done.stderr
-    assert "lola niah: error: needs transformers, from the hf extra: pip install 'lola[hf]'" in done.stderr
+    assert "lola niah: error: needs transformers, from the hf extra: pip install 'lola-attention[hf]'" in done.stderr
 
 
 APPLY_SHIPPED_MAPS = """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# lola-vllm's tests, in a virtual environment of their own with vLLM's CPU build:
+# lola-attention-vllm's tests, in a virtual environment of their own with vLLM's CPU build:
 #   bash integrations/vllm/run_tests.sh          (from lola's environment: its python makes the reference)
 #   bash integrations/vllm/run_tests.sh --setup  (only create the vLLM environment; .ci/run does this
 #                                                 in the background while lola's own steps run)

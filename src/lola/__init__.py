@@ -21,8 +21,7 @@ from lola.core.positions import BoundedPositions, RotaryEmbedding
 from lola.engine.composer import LoLAMemory
 from lola.layer import LoLAAttention, compose, memory_from_config
 from lola.memory.allocation import max_state_bytes, set_max_state_bytes
-
-__version__ = "0.1.0"
+from lola.provenance import DISTRIBUTION, __version__
 
 _moved.install()  # the old names of modules that moved into packages
 
@@ -62,6 +61,6 @@ def __getattr__(name: str):
         try:
             from lola.integrations import transformers as integration
         except ImportError as e:
-            raise ImportError(f"lola.{name} needs transformers, from the hf extra (pip install 'lola[hf]'): {e}") from e
+            raise ImportError(f"lola.{name} needs transformers, from the hf extra (pip install '{DISTRIBUTION}[hf]'): {e}") from e
         return getattr(integration, name)
     raise AttributeError(f"module 'lola' has no attribute {name!r}")

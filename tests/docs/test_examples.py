@@ -1,121 +1,67 @@
-"""The research scripts under examples/ that results.md quotes still run (on a tiny model)."""
+"""The packages under examples/ work as their READMEs say (the installed-wheel route runs in
+.ci/release_check.sh; here the example's own metadata is laid out as pip would install it)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
+import contextlib
+import io
+import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
-from lola.cli import main
+import lola
+from lola import policies
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(scope="module")
-def tiny_maps(tmp_path_factory):
-    out = tmp_path_factory.mktemp("maps") / "maps"
-    assert main(["linearize", "--quick", "--out", str(out)]) == 0  # tiny-random-llama, both stages
-    return out
+PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "unfamiliar-policy"
 
 
-def run(script: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+@pytest.fixture
+def installed_example(tmp_path, monkeypatch):
+    """The example's package and a dist-info of its entry points on sys.path, as `pip install` leaves them."""
+    project = tomllib.loads((PLUGIN / "pyproject.toml").read_text())["project"]
+    dist = tmp_path / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = project["entry-points"]
+    (dist / "entry_points.txt").write_text("".join(f"[{g}]\n" + "".join(f"{n} = {t}\n" for n, t in eps.items()) for g, eps in groups.items()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(PLUGIN / "src"))
+    yield project
+    for name in groups.get("lola.policies", {}):
+        policies.unregister(name)
+    sys.modules.pop("lola_unfamiliar", None)
 
 
-def test_refit_window_factors_writes_a_folder_lola_reads(tiny_maps, tmp_path):
-    from lola.pretrained.folder import read_feature_maps
-
-    out = tmp_path / "refit"
-    small = ["--model", "tiny-random-llama", "--chunk-tokens", "128", "--train-chunks", "2", "--eval-chunks", "1", "--epochs", "1"]
-    run("refit_window_factors.py", "--feature-maps", str(tiny_maps), "--out", str(out), "--window", "8", "--sparse-size", "8", "--sinks", "1", *small)
-    before, after = read_feature_maps(tiny_maps), read_feature_maps(out)
-    assert set(after.tensors) == set(before.tensors) and after.lora is not None
-    keys = [k for k in before.tensors if k.endswith("window_factors")]
-    assert any(not torch.equal(before.tensors[k], after.tensors[k]) for k in keys)  # the factors moved
-    assert all(torch.equal(before.tensors[k], after.tensors[k]) for k in before.tensors if k not in keys)  # nothing else did
-    report = json.loads((out / "refit_report.json").read_text())
-    assert set(report["mse_heldout_mean"]) == {"before", "after"} and len(report["train_loss"]) == 2
-    with pytest.raises(AssertionError, match="exists"):
-        run("refit_window_factors.py", "--feature-maps", str(tiny_maps), "--out", str(out), *small)  # never overwrites
+def test_the_plugin_is_found_by_name_and_its_readme_runs(installed_example):
+    assert installed_example["entry-points"]["lola.policies"] == {"unfamiliar": "lola_unfamiliar:Unfamiliar"}
+    assert "lola-attention>=0.1" in installed_example["dependencies"]  # the distribution's name, not the index's other "lola"
+    policies.reload_entry_points()
+    assert "unfamiliar" in policies.available()
+    code = re.search(r"```python\n(.*?)```", (PLUGIN / "README.md").read_text(), flags=re.S).group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "examples/unfamiliar-policy/README.md", "exec"), {})
+    assert out.getvalue().splitlines()[0] == "Unfamiliar(eps=1e-06)"
 
 
-def test_linear_share_plot_draws_the_perplexity_results(tiny_maps, tmp_path):
-    results = tmp_path / "ppl.json"
-    args = ["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--length", "64", "--windows", "1", "--generate", "0"]
-    assert main([*args, "--window", "8", "--sparse-size", "4", "--text", "pydoc", "--out", str(results)]) == 0
-    figure = tmp_path / "share.png"
-    assert "wrote" in run("linear_share_plot.py", str(results), "--out", str(figure))
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    foreign = tmp_path / "foreign.json"
-    foreign.write_text("{}")
-    with pytest.raises(AssertionError, match="not written by lola perplexity"):
-        run("linear_share_plot.py", str(foreign), "--out", str(figure))
+def test_the_plugin_keeps_the_keys_the_state_knows_least(installed_example):
+    # Two candidates: one a key the state has absorbed many times, one orthogonal to it.
+    from lola.feature_maps import EluFeatureMap
+    from lola.memory import KVBlock, LinearState
+    from lola.policies import ScoringContext
 
-
-def test_feature_map_shift_prints_shift_invariant_logits(tiny_maps):
-    out = run(
-        "feature_map_shift.py", "--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--offsets", "0", "300", "--tokens", "128", "--gap", "8"
-    )
-    lines = [line for line in out.splitlines() if line.startswith("offset")]
-    assert len(lines) == 2
-    # RoPE makes the softmax logits a function of the distance only: the same mean at both offsets.
-    logits = [float(line.split("mean logit ")[1].split()[0]) for line in lines]
-    assert abs(logits[0] - logits[1]) < 1e-3 and "per head ×first" in lines[1]
-
-
-def test_share_quantiles_prints_ordered_quantiles(tiny_maps):
-    out = json.loads(
-        run("share_quantiles.py", "--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--policy", "sre", "--length", "128", "--chunks", "1")
-    )
-    q = [out["quantiles"][k] for k in ("0.5", "0.9", "0.99", "0.999")]
-    assert q == sorted(q) and 0 <= q[0] and q[-1] <= 1 and set(out["per_layer_q99"]) == {"0", "1"}
-
-
-def test_adapted_full_attention_answers_lola_niahs_prompts_and_resumes(tiny_maps, tmp_path):
-    out = tmp_path / "adapted.jsonl"
-    args = ["--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--lengths", "400", "--samples", "2", "--seed", "3", "--out", str(out)]
-    first = run("adapted_full_attention.py", *args)
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["length"], r["index"]) for r in records] == [(400, 0), (400, 1)] and "length 400:" in first
-    assert run("adapted_full_attention.py", *args).count("#") == 0  # resumed: nothing generated again
-    assert len(out.read_text().splitlines()) == 2
-    with pytest.raises(AssertionError, match="another run's samples"):
-        run("adapted_full_attention.py", *args[:-4], "--seed", "4", "--out", str(out))
-
-
-def test_needle_timeline_counts_heads_segment_by_segment_and_resumes(tiny_maps, tmp_path):
-    out = tmp_path / "timeline.jsonl"
-    args = ["--model", "tiny-random-llama", "--feature-maps", str(tiny_maps), "--lengths", "400", "--samples", "2", "--seed", "3"]
-    args += ["--window", "16", "--sparse-size", "16", "--segment", "128", "--policies", "sre", "--out", str(out)]
-    printed = run("needle_timeline.py", *args)
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["method"], r["index"]) for r in records] == [("lola-sre", 0), ("lola-sre", 1)] and "heads holding it" in printed
-    for r in records:
-        segments = -(-r["length"] // 128)
-        assert len(r["held_after_segment"]) in (segments - 1, segments)  # the prompt is a little under its length
-        assert all(0 <= h <= r["heads"] for h in r["held_after_segment"])
-        if r["needle_at"] >= 128:
-            assert r["held_after_segment"][0] == 0  # nothing holds a needle not yet read
-        assert sum(r["sparse_by_eighths"]) > 0
-    assert run("needle_timeline.py", *args).count("heads holding it") == 0  # resumed: nothing run again
-
-
-def test_long_context_figure_draws_refused_and_bounded_cells(tmp_path):
-    from lola.eval.runner import NiahRun, run_niah
-    from tests.eval.test_runner import TinyTokenizer
-    from tests.integrations.transformers.conftest import tiny
-
-    run_ = NiahRun(
-        feature_maps=None, lengths=[96, 200], samples=1, methods=["full", "lola"], policies=["sre"], window=8, sparse_size=8, sinks=2, chunk=8,
-        max_new_tokens=3, budgets="uniform", positions="bounded",
-    )  # fmt: skip
-    run_niah(run_, tiny("llama", max_position_embeddings=128), TinyTokenizer(), tmp_path / "run", progress=False)
-    figure = tmp_path / "long.png"
-    assert "wrote" in run("long_context_figure.py", str(tmp_path / "run" / "results.json"), "--context", "128", "--out", str(figure))
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    policies.reload_entry_points()
+    policy = lola.policies.build("unfamiliar")
+    phi = EluFeatureMap(1, 4)
+    linear = LinearState()
+    linear.allocate(1, 1, phi.feature_dim, 4, torch.device("cpu"))
+    seen = torch.tensor([4.0, 0.0, 0.0, 0.0])
+    linear.write(phi(seen.expand(1, 1, 20, 4)), torch.randn(1, 1, 20, 4), torch.ones(1, 1, 20, dtype=torch.bool))
+    k = torch.stack([seen, torch.tensor([-4.0, 0.0, 0.0, 0.0])]).expand(1, 1, 2, 4)
+    candidates = KVBlock(k=k, v=torch.randn(1, 1, 2, 4), pos=torch.arange(20, 22).expand(1, 1, 2))
+    scores = policy.score(candidates, ScoringContext(linear=linear, feature_map_k=phi, num_heads=1, step=torch.tensor([21])))
+    assert scores.shape == (1, 1, 2) and scores[0, 0, 1] > scores[0, 0, 0]

@@ -196,7 +196,7 @@ def test_aliased_pages_are_refused():
 
 
 def test_pages_cut_from_one_buffer_as_a_server_does_are_accepted():
-    """One byte buffer per page, each component at its own offset (lola-vllm's layout): rows of
+    """One byte buffer per page, each component at its own offset (lola-attention-vllm's layout): rows of
     every component interleave in memory without sharing a byte."""
     attn, state, pages = _bound_state()
     widths = {key: t[0].numel() * t.element_size() for key, t in pages.items()}

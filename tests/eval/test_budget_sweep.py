@@ -6,6 +6,7 @@ from lola.cli import main
 from lola.eval.budget_sweep import PAPER_FOOTPRINT, BudgetSweep, point_run, run_sweep
 from lola.eval.runner import method_configs
 from lola.models import tiny_random
+from lola.provenance import versions
 
 SWEEP = BudgetSweep(model="tiny-random-llama", feature_maps="none", lengths=[600], budgets=["1/8", "1/4"], haystacks=["noise", "prose"], samples=1)
 
@@ -40,7 +41,8 @@ def test_the_sweep_runs_every_point_resumes_and_plots(tmp_path):
     points = {(r["haystack"], r["budget"]) for r in rows}
     assert points == {(h, b) for h in ("noise", "prose") for b in ("1/8", "1/4")}
     assert len(rows) == 4 * 4 and {r["method"] for r in rows} == {"window", "hybrid", "lola-sre", "lola-exact"}
-    assert json.loads((tmp_path / "sweep.json").read_text())["rows"] == rows
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["rows"] == rows and saved["versions"] == versions()
     assert (tmp_path / "sweep-noise.png").stat().st_size > 0 and (tmp_path / "sweep-prose.png").stat().st_size > 0
     samples = tmp_path / "prose-600-1-4" / "samples.jsonl"
     before = samples.read_text()

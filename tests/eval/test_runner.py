@@ -6,6 +6,7 @@ import torch
 import lola
 from lola.cli import main
 from lola.eval.runner import NiahRun, method_configs, run_niah, summarize
+from lola.provenance import versions
 from tests.integrations.transformers.conftest import tiny
 
 
@@ -50,7 +51,7 @@ def test_run_records_every_sample_and_resumes(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert set(saved["summary_by_depth"]["full"]) == {"0.2-0.4", "0.6-0.8"}  # depths 0.25 and 0.75
     assert saved["run"] == RUN.model_dump() and set(saved["summary"]) == {"full", "window", "hybrid", "lola-sre", "lola-recency"}
-    assert saved["versions"]["lola"]
+    assert saved["versions"] == versions()  # the release, the commit (a checkout's), torch, transformers, Python
     full_bytes = summarize(records)["full"][200]["cache_bytes"]
     assert all(summarize(records)[m][200]["cache_bytes"] < full_bytes for m in ("window", "hybrid", "lola-sre"))
 

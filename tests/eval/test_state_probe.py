@@ -11,6 +11,7 @@ from lola.eval.runner import NiahRun
 from lola.eval.state_probe import RECORDS_FILE, needle_positions, probe_prompt, run_probe, summarize_probe
 from lola.integrations.transformers import apply_lola, remove_lola
 from lola.models import tiny_random
+from lola.provenance import versions
 from tests.oracles import hybrid_exact_mask
 
 
@@ -80,7 +81,9 @@ def test_run_probe_records_every_prompt_summarises_and_resumes(tiny, tmp_path):
     records = run_probe(RUN, model, tok, tmp_path, progress=False)
     keys = sorted((r["method"], r["length"], r["index"]) for r in records)
     assert keys == sorted((m, n, i) for m in ("hybrid", "lola-sre") for n in (600, 700) for i in range(2))
-    summary = json.loads((tmp_path / "probe.json").read_text())["summary"]
+    saved = json.loads((tmp_path / "probe.json").read_text())
+    summary = saved["summary"]
+    assert saved["versions"] == versions()
     assert summary == summarize_probe(records) and set(summary) == {"hybrid", "lola-sre"}
     layer = summary["lola-sre"]["600"]["layers"]["1"]
     rows = [r["layers"]["1"] for r in records if r["method"] == "lola-sre" and r["length"] == 600]

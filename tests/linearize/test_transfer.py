@@ -11,6 +11,7 @@ from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
 from lola.linearize import LinearizeConfig, linearize, read_feature_maps
 from lola.linearize.transfer import CHECKPOINT_FILE
 from lola.models import tiny_random
+from lola.provenance import versions
 
 CFG = LinearizeConfig(steps=12, chunk_tokens=96, train_chunks=3, eval_chunks=1, window=8, checkpoint_every=4, lr=3e-2, text=["pydoc"])
 
@@ -166,8 +167,9 @@ def test_cli_quick_run_and_niah_with_feature_maps(tmp_path, capsys):
     assert "hybrid" in text and "lola" in text and "x)" in text and "repeated 4-grams" in text
     assert "(lolcats)" in text and "(lola_authors)" in text  # the hybrid's trained rule, LoLA's default
     small = ["perplexity", "--model", "tiny-random-llama", "--feature-maps", str(out), "--length", "64", "--windows", "1", "--text", "pydoc"]
-    assert main([*small, "--methods", "lola", "--generate", "0", "--mixing", "softmax_only"]) == 0
+    assert main([*small, "--methods", "lola", "--generate", "0", "--mixing", "softmax_only", "--out", str(tmp_path / "ppl.json")]) == 0
     assert "(softmax_only)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "ppl.json").read_text())["versions"] == versions()
     with pytest.raises(SystemExit) as refused:  # the rule's choices come from the run's spec
         main([*small, "--mixing", "average"])
     assert refused.value.code == 2 and "--mixing: invalid choice: 'average'" in capsys.readouterr().err

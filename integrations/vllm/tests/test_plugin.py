@@ -1,4 +1,4 @@
-"""lola-vllm in vLLM's CPU build: greedy tokens equal lola's transformers path, the state per
+"""lola-attention-vllm in vLLM's CPU build: greedy tokens equal lola's transformers path, the state per
 sequence is one fixed page, unsupported features are refused. Run by ../run_tests.sh, which
 builds the model and the reference tokens and runs this module once per case
 (LOLA_VLLM_MODEL, LOLA_VLLM_REFERENCE, LOLA_VLLM_CASE): vLLM allows one engine per process."""

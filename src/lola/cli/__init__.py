@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from lola.errors import about, describe_validation, option_name, report
 from lola.limits import MAX_TOKENS
+from lola.provenance import DISTRIBUTION
 
 __all__ = ["main"]
 
@@ -391,9 +392,10 @@ def _perplexity(args: argparse.Namespace) -> int:
     print(format_perplexity(results))
     if args.out:
         from lola.io.outputs import write_files
+        from lola.provenance import versions
 
         out = Path(args.out)
-        body = json.dumps({"format": PERPLEXITY_FORMAT, "run": run.model_dump(), "results": results}, indent=2) + "\n"
+        body = json.dumps({"format": PERPLEXITY_FORMAT, "run": run.model_dump(), "versions": versions(), "results": results}, indent=2) + "\n"
         write_files(out.parent, {out.name: body}, ours=_is_perplexity_results, writer="lola perplexity")
         print(f"\nresults: {args.out}")
     return 0
@@ -499,7 +501,7 @@ def _export(args: argparse.Namespace) -> int:
     paths = export_pretrained(model, tok, out, config, feature_maps=args.feature_maps, dtype=args.dtype, vllm=args.vllm)
     saved = json.loads((out / "config.json").read_text())["lola"]["config"]
     print(f"lola export: {out} ({len(paths)} files; mixing {saved['mixing']}, window {saved['window']}, sinks {saved['sinks']})")
-    print(f"load it with lola.from_pretrained({str(out)!r})" + (f" or serve it with `vllm serve {out}` (lola-vllm)" if args.vllm else ""))
+    print(f"load it with lola.from_pretrained({str(out)!r})" + (f" or serve it with `vllm serve {out}` (lola-attention-vllm)" if args.vllm else ""))
     return 0
 
 
@@ -628,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a JSON or YAML file of LoLAConfig fields (default: the lola method as `lola niah` runs it, with the budgets calibrated for --feature-maps, else the model's)",
     )
     exp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="dtype of the saved weights (default float32)")
-    exp.add_argument("--vllm", action="store_true", help="name the lola-vllm plug-in's architecture in config.json (`vllm serve FOLDER`)")
+    exp.add_argument("--vllm", action="store_true", help="name the lola-attention-vllm plug-in's architecture in config.json (`vllm serve FOLDER`)")
     exp.add_argument("--out", required=True, help="the folder to write (replaced only if lola export wrote it)")
     exp.set_defaults(func=_export)
 
@@ -671,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])
         if extra is None or _debug(args):
             raise
-        print(f"lola {args.command}: error: needs {err.name}, from the {extra} extra: pip install 'lola[{extra}]'", file=sys.stderr)
+        print(f"lola {args.command}: error: needs {err.name}, from the {extra} extra: pip install '{DISTRIBUTION}[{extra}]'", file=sys.stderr)
         return 2
     except MemoryError as err:  # a state refused before allocation: name the options it comes from
         sizes = [f"--{o.replace('_', '-')}" for o in ("window", "sparse_size", "sinks", "batch_size") if getattr(args, o, None) is not None]

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from lola.config import Tokens
 from lola.eval.demo import Seed
+from lola.provenance import versions
 
 __all__ = ["BudgetSweep", "PAPER_FOOTPRINT", "format_sweep", "point_run", "run_sweep"]
 
@@ -154,7 +155,7 @@ def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pat
                     if "refused" in cell:  # full attention past the model's context: no point to draw
                         continue
                     rows.append({"haystack": haystack, "length": length, "budget": budget, "exact_tokens": exact, "method": method, **cell})
-                body = json.dumps({"format": "lola-budget-sweep", "sweep": json.loads(sweep.model_dump_json()), "rows": rows}, indent=1)
+                body = json.dumps({"format": "lola-budget-sweep", "sweep": json.loads(sweep.model_dump_json()), "versions": versions(), "rows": rows}, indent=1)
                 write_files(out, {SWEEP_FILE: body + "\n"}, writer="lola sweep")
     plot_sweep(rows, out)
     return rows

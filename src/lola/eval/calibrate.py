@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from lola.limits import MAX_TOKENS
+from lola.provenance import versions
 
 if TYPE_CHECKING:  # pragma: no cover
     from lola.budgets import HeadBudgets
@@ -260,13 +261,10 @@ def calibrate(
             number >= 0 (before any prompt runs).
     """
     import math
-    import platform
     import time
 
-    import transformers
     from tqdm.auto import tqdm
 
-    import lola
     from lola.budgets import HeadBudgets, allocate
 
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -294,6 +292,6 @@ def calibrate(
             "haystack": "wonderwords random sentences",
             "needle": CALIBRATION_NEEDLE,
             "seconds": round(time.perf_counter() - t0, 1),
-            "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+            "versions": versions(),
         },
     )

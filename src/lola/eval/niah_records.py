@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lola.config import validation_summary
 from lola.eval.niah_report import summarize, summarize_by_depth
 from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
 from lola.methods import method_name
+from lola.provenance import versions
 
 RESULTS_FORMAT = "lola-niah-results"
 """The ``format`` marker of ``results.json``: a results folder without it is not lola's."""
@@ -235,15 +234,11 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
 
 
 def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict, inputs: dict[str, str]) -> None:
-    import transformers
-
-    import lola
-
     payload = {
         "format": RESULTS_FORMAT,
         "run": run.model_dump(),
         "inputs": inputs,
-        "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "versions": versions(),
         "methods": {m: (None if c is None else c.model_dump(mode="json")) for m, c in configs.items()},
         "summary": {m: {str(n): v for n, v in by.items()} for m, by in summarize(records).items()},
         "summary_by_depth": summarize_by_depth(records),

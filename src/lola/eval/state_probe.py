@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs
 from lola.methods import method_name
+from lola.provenance import versions
 
 __all__ = ["PROBE_FILE", "RECORDS_FILE", "format_probe", "needle_positions", "probe_prompt", "run_probe", "summarize_probe"]
 
@@ -152,7 +153,12 @@ def _claim(out: Path, run: NiahRun) -> None:
         if not _same_run(saved.get("run"), run):
             raise ValueError(f"{out} holds a probe of other options; rerun with the same options to resume, or choose another --out")
     body = json.dumps(
-        {"format": PROBE_FORMAT, "run": json.loads(run.model_dump_json()), "summary": summarize_probe(list(_read_records(out / RECORDS_FILE).values()))},
+        {
+            "format": PROBE_FORMAT,
+            "run": json.loads(run.model_dump_json()),
+            "versions": versions(),
+            "summary": summarize_probe(list(_read_records(out / RECORDS_FILE).values())),
+        },
         indent=1,
     )
     write_files(out, {PROBE_FILE: body + "\n"}, writer="lola probe")
@@ -213,7 +219,7 @@ def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pro
                 remove_lola(model)
     bar.close()
     summary = summarize_probe(records)
-    body = json.dumps({"format": PROBE_FORMAT, "run": json.loads(run.model_dump_json()), "summary": summary}, indent=1) + "\n"
+    body = json.dumps({"format": PROBE_FORMAT, "run": json.loads(run.model_dump_json()), "versions": versions(), "summary": summary}, indent=1) + "\n"
     write_files(out, {PROBE_FILE: body}, writer="lola probe")
     plot_probe(summary, out)
     return records

@@ -12,7 +12,6 @@ each from its own cached activations.
 from __future__ import annotations
 
 import math
-import platform
 import time
 from pathlib import Path
 from typing import Callable, Literal
@@ -30,6 +29,7 @@ from lola.linearize.hybrid import hybrid_attention
 from lola.linearize.teacher import LayerActivations, collect_activations
 from lola.linearize.trainer import Trainer, start
 from lola.pretrained.folder import REPORT_FILE, model_geometry, write_feature_maps
+from lola.provenance import versions
 
 __all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize"]
 
@@ -130,11 +130,7 @@ def check_positions(model: torch.nn.Module, tokens: int, what: str) -> None:
 
 
 def _versions() -> dict:
-    import transformers
-
-    import lola
-
-    return {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+    return versions()
 
 
 def linearize(

@@ -30,6 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from lola.limits import MAX_TOKENS
+from lola.provenance import versions
 from lola.scorers import TokenScorer, token_features
 
 __all__ = [
@@ -369,9 +370,7 @@ def fit_scorer(model: torch.nn.Module, tokenizer: Any, spec: FitSpec, out: str |
     Raises:
         ValueError: a checkpoint written for another spec, a LoLA-applied model, a text too short.
     """
-    import platform
 
-    import transformers
     from tqdm.auto import tqdm
 
     import lola
@@ -449,7 +448,7 @@ def fit_scorer(model: torch.nn.Module, tokenizer: Any, spec: FitSpec, out: str |
         "mean_spearman": round(float(per[..., 0].mean()), 4),
         "mean_top10_recall": round(float(per[..., 1].mean()), 4),
         "seconds": round(time.perf_counter() - t0, 1),
-        "versions": {"lola": lola.__version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "versions": versions(),
     }
     scorer.info["report"] = report
     scorer.save(out)

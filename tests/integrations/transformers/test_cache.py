@@ -7,6 +7,7 @@ import torch
 
 import lola
 from lola.integrations.transformers import LoLACache, apply_lola
+from lola.provenance import versions
 from tests.integrations.transformers.conftest import left_padded, tiny
 from tests.oracles import assert_rel_close
 
@@ -81,6 +82,7 @@ def test_save_and_resume_in_a_fresh_cache(tmp_path):
         rest = model(ids[:, 27:], attention_mask=mask, cache=restored).logits
     assert restored.get_seq_length() == 40
     assert_rel_close(full[:, 27:], rest, 1e-5)
+    assert json.loads((tmp_path / "c" / "cache.json").read_text())["versions"] == versions()
 
 
 def test_loading_a_cache_for_another_config_is_refused(tmp_path):

@@ -81,6 +81,6 @@ def test_bounded_positions_export_for_transformers_and_are_refused_for_vllm(tmp_
     cfg = loaded._lola.config
     assert (cfg.positions, cfg.exact_distance, cfg.state_positions) == ("bounded", 8192 - 4, 8192)  # the limits it was exported with
     assert loaded._lola.modules[0].positions is not None
-    with pytest.raises(ValueError, match="lola-vllm plug-in does not read bounded positions yet"):
+    with pytest.raises(ValueError, match="lola-attention-vllm plug-in does not read bounded positions yet"):
         export_pretrained(model, tok, tmp_path / "vllm", bounded, vllm=True)
     assert not (tmp_path / "vllm" / "config.json").exists()

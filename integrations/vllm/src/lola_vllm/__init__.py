@@ -16,7 +16,7 @@ def register() -> None:
     try:
         import lola  # noqa: F401
     except ImportError as e:  # pragma: no cover - an installation error
-        raise ImportError("lola-vllm needs lola: pip install --no-deps -e <the lola repository>") from e
+        raise ImportError("lola-attention-vllm needs lola: pip install --no-deps lola-attention (or -e <the lola repository>)") from e
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum, register_backend

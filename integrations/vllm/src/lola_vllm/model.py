@@ -22,7 +22,7 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
         from lola.pretrained.resolve import resolve_config
 
         if resolve_config(getattr(vllm_config.model_config.hf_config, "lola", None)).positions == "bounded":
-            raise ValueError("the lola-vllm plug-in does not read bounded positions yet: serve a LoLA config with positions='absolute'")
+            raise ValueError("the lola-attention-vllm plug-in does not read bounded positions yet: serve a LoLA config with positions='absolute'")
         if vllm_config.speculative_config is not None:
             raise ValueError("LoLA layers keep constant-size state that cannot be rolled back: speculative decoding is not supported")
         tp = vllm_config.parallel_config.tensor_parallel_size

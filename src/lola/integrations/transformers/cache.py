@@ -177,6 +177,7 @@ class LoLACache(Cache):
         from safetensors.torch import save
 
         from lola.io.outputs import check_target, write_files
+        from lola.provenance import versions
 
         self.check_model()
         tensors: dict[str, torch.Tensor] = {}
@@ -198,6 +199,7 @@ class LoLACache(Cache):
             "format": _FORMAT,
             "fingerprint": {**self.fingerprint, "weights": weights_digest(self._model(), every_value=True)},
             "cumulative_lengths": lengths,
+            "versions": versions(),
             "tensors": weights,
             "sha256": digest,
         }

@@ -5,7 +5,7 @@ The folder is what ``save_pretrained`` writes after :func:`apply_lola` (the weig
 LoRA adapters merged, the LoLA layers' trained parameters as ``…self_attn.lola.…`` tensors,
 ``config.json`` with the ``lola`` entry of :mod:`lola.pretrained.model_entry`) and the tokenizer.
 :func:`lola.from_pretrained` loads it with LoLA applied; with ``vllm=True`` its
-``config.json`` also names the ``lola-vllm`` plug-in's architecture, so that ``vllm serve
+``config.json`` also names the ``lola-attention-vllm`` plug-in's architecture, so that ``vllm serve
 FOLDER`` serves it (see the serving guide).
 """
 
@@ -26,7 +26,7 @@ from lola.pretrained.model_entry import CONFIG_KEY, ENTRY_FORMAT
 __all__ = ["VLLM_ARCHITECTURE", "check_export_folder", "export_pretrained", "is_exported_folder"]
 
 VLLM_ARCHITECTURE = "LoLALlamaForCausalLM"
-"""The architecture the ``lola-vllm`` plug-in registers (``config.json``'s ``architectures``)."""
+"""The architecture the ``lola-attention-vllm`` plug-in registers (``config.json``'s ``architectures``)."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -85,7 +85,7 @@ def export_pretrained(
         feature_maps: a ``lola linearize`` folder or shipped name (see :func:`apply_lola`).
         dtype: ``"float32"`` (default: the very weights lola computes with), ``"bfloat16"`` or
             ``"float16"``.
-        vllm: name the ``lola-vllm`` architecture in ``config.json`` (:data:`VLLM_ARCHITECTURE`).
+        vllm: name the ``lola-attention-vllm`` architecture in ``config.json`` (:data:`VLLM_ARCHITECTURE`).
 
     Returns:
         The paths written.
@@ -113,7 +113,7 @@ def export_pretrained(
     apply_lola(plain, config if config is not None else LoLAConfig(), feature_maps=feature_maps)
     if vllm and plain._lola.config.positions == "bounded":
         raise ValueError(
-            "the lola-vllm plug-in does not read bounded positions yet: export for vLLM with positions='absolute' "
+            "the lola-attention-vllm plug-in does not read bounded positions yet: export for vLLM with positions='absolute' "
             "(a config that sets it; the feature maps' read defaults fill it only where the config leaves it unset)"
         )
     plain.to(_DTYPES[dtype])

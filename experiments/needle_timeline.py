@@ -8,7 +8,7 @@ layer and K/V head, the heads whose exact tokens hold every token of the needle'
 where in the context the sparse cache's tokens come from (by eighths of the prompt). One JSON
 line per (policy, prompt) goes to `--out` (a rerun skips those done); a table is printed.
 
-    python examples/needle_timeline.py --feature-maps smollm2-135m-instruct --policies sre learned --lengths 8192 --samples 4 --seed 1 --out timeline.jsonl
+    python experiments/needle_timeline.py --feature-maps smollm2-135m-instruct --policies sre learned --lengths 8192 --samples 4 --seed 1 --out timeline.jsonl
 """
 
 from __future__ import annotations

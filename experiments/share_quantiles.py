@@ -6,7 +6,7 @@ the held-out part, nor any evaluation prompt) and prints quantiles of the share 
 layer, head and token, and each layer's 99th percentile. A quantile at the length the maps were
 trained at is what ``linear_share_cap`` is calibrated from (docs/results.md, "Long context").
 
-    python examples/share_quantiles.py --feature-maps smollm2-135m-instruct --length 2048 --chunks 2
+    python experiments/share_quantiles.py --feature-maps smollm2-135m-instruct --length 2048 --chunks 2
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the attention output before ``o_proj``), with the teacher's ``q, k, v`` taken fr
 weights. Gradients flow through the reference engine (the Triton ops are forward-only); the
 selection itself is not differentiated.
 
-    python examples/refit_window_factors.py --out runs/refit-authors
+    python experiments/refit_window_factors.py --out runs/refit-authors
     lola niah --feature-maps runs/refit-authors --methods lola --lengths 2048 4096 --samples 20 --batch-size 4
 
 Training chunks come from the default corpus's training split (never the pass-key prompts);
@@ -119,7 +119,7 @@ def main() -> None:
     w_before = torch.sigmoid(torch.cat([b.flatten() for b in before.values()]))
     w_after = torch.sigmoid(torch.cat([f.detach().flatten() for f in factors]))
     report = {
-        "what": "window factors refit for the inference rule with the sparse cache in place (examples/refit_window_factors.py)",
+        "what": "window factors refit for the inference rule with the sparse cache in place (experiments/refit_window_factors.py)",
         "args": vars(args),
         "mse_heldout_mean": {"before": mse_before, "after": mse_after},
         "train_loss": losses,

@@ -13,7 +13,7 @@ Variants (``kind:option=value:...``):
 - ``top:k=K[:size=N]``: N sparse slots in the K best-scored heads, none elsewhere
   (a diagnostic: it may exceed the bytes).
 
-    python examples/screen_budgets.py --samples 12 --variants uniform cal cal:power=0.3 top:k=8
+    python experiments/screen_budgets.py --samples 12 --variants uniform cal cal:power=0.3 top:k=8
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Training-free LoLA on SmolLM2-135M-Instruct under each mixing rule.
 
-    python examples/mixing_rules.py
+    python experiments/mixing_rules.py
 
 Asks one question about an ~880-token story (greedy, 20 new tokens) with full attention and
 with LoLA (window 64, sparse 64, sinks 4, SRE, untrained identity Hedgehog map) under the

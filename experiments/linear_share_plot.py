@@ -8,7 +8,7 @@ length across the layers:
         --generate 0 --methods hybrid lola --out authors.json
     lola perplexity --feature-maps smollm2-135m-instruct --sinks 4 --length 2048 --windows 4 \\
         --generate 0 --methods lola --mixing lolcats --out trained.json
-    python examples/linear_share_plot.py authors.json trained.json --out linear-share.png
+    python experiments/linear_share_plot.py authors.json trained.json --out linear-share.png
 """
 
 from __future__ import annotations

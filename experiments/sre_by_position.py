@@ -7,7 +7,7 @@ cached tokens' median, and Spearman's rho between a candidate's position and its
 key features drifting past the positions the feature maps were trained at made newer tokens
 look harder to recall, the fresh tokens' scores would rise with the step's position.
 
-    python examples/sre_by_position.py --feature-maps smollm2-135m-instruct --lengths 2048 8192 --samples 2 --seed 1
+    python experiments/sre_by_position.py --feature-maps smollm2-135m-instruct --lengths 2048 8192 --samples 2 --seed 1
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ started at each of ``--offsets`` (layer 0 reads token embeddings only: nothing u
 and prints the mean softmax logit and the mean feature kernel ``φ(q)ᵀφ(k)`` over query/key pairs
 at least a chunk apart (as folded tokens are), per head, against the first offset.
 
-    python examples/feature_map_shift.py --feature-maps smollm2-135m-instruct --offsets 0 1536 3584 7680
+    python experiments/feature_map_shift.py --feature-maps smollm2-135m-instruct --offsets 0 1536 3584 7680
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ and no linear state can answer on these weights: the miss is the adapters' own (
 at positions four times past the 2K they were trained at). One JSON line per sample; an
 interrupted run resumes from the file.
 
-    python examples/adapted_full_attention.py --feature-maps smollm2-135m-instruct --lengths 8192 --samples 20 --out results/adapted-full-8k.jsonl
-    python examples/adapted_full_attention.py --feature-maps smollm2-135m-instruct --haystack-file prose.txt --lengths 4096 --samples 20 --out results/adapted-full-prose-4k.jsonl
+    python experiments/adapted_full_attention.py --feature-maps smollm2-135m-instruct --lengths 8192 --samples 20 --out results/adapted-full-8k.jsonl
+    python experiments/adapted_full_attention.py --feature-maps smollm2-135m-instruct --haystack-file prose.txt --lengths 4096 --samples 20 --out results/adapted-full-prose-4k.jsonl
 """
 
 from __future__ import annotations

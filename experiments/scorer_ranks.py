@@ -1,13 +1,13 @@
 """Where a learned scorer ranks the needle's digits in the heads that retrieve.
 
-For tuning prompts (prose haystack, 2K; the seeds of ``examples/needle_oracle.py``) and the 12
+For tuning prompts (prose haystack, 2K; the seeds of ``experiments/needle_oracle.py``) and the 12
 K/V heads with the largest shipped calibrated budgets, prints the fraction of the prompt's
 tokens (outside sinks and window) that the scorer ranks above the needle's digit tokens,
 averaged over the digits and the prompts: 0 = the digits are the scorer's top choice, 0.5 =
 an ordinary token. A head whose budget holds ``λ`` of ``T`` tokens keeps the digits (if scores
 were fixed over the prompt) when this fraction is below about ``λ / T``.
 
-    python examples/scorer_ranks.py SCORER [--samples 6]
+    python experiments/scorer_ranks.py SCORER [--samples 6]
 """
 
 from __future__ import annotations

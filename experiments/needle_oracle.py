@@ -1,6 +1,6 @@
 """How far could better scoring go? Force the needle's line into the sparse cache and see.
 
-A diagnostic on *tuning* prompts (the seed-1 offsets of ``examples/screen_budgets.py``, prose
+A diagnostic on *tuning* prompts (the seed-1 offsets of ``experiments/screen_budgets.py``, prose
 haystack, not the reported ``lola niah`` samples). Variants are ``POLICY-BUDGETS[-HEAD]``:
 
 - ``POLICY``: ``sre`` (self-recall error) or ``oracle`` (SRE plus a large constant on every
@@ -19,9 +19,9 @@ line): how much of a cell's miss is the scorer's.
 ``--surprisal`` instead prints, for each needle token, the fraction of prompt tokens the stock
 model finds more surprising (is the needle where a language model is surprised?).
 
-    python examples/needle_oracle.py --samples 12 --variants oracle-cal sre-cal oracle-uniform
-    python examples/needle_oracle.py --samples 12 --surprisal
-    python examples/needle_oracle.py --feature-maps smollm2-135m-instruct --length 4096 --samples 8 --variants default oracle
+    python experiments/needle_oracle.py --samples 12 --variants oracle-cal sre-cal oracle-uniform
+    python experiments/needle_oracle.py --samples 12 --surprisal
+    python experiments/needle_oracle.py --feature-maps smollm2-135m-instruct --length 4096 --samples 8 --variants default oracle
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The long-context figure: pass-key accuracy and cache bytes against length, past the model's context.
 
-    python examples/long_context_figure.py RESULTS.json [RESULTS.json ...] --context 8192 --out docs/figures/long-context.png
+    python experiments/long_context_figure.py RESULTS.json [RESULTS.json ...] --context 8192 --out docs/figures/long-context.png
 
 Reads the summaries of ``lola niah`` runs (``results.json``; cells of one method at one length
 taken from the first file that has them) and draws two panels on one length axis: accuracy

@@ -392,3 +392,23 @@ def test_the_export_never_reads_a_fifo_in_its_old_files_place(tmp_path):
 
     os.mkfifo(tmp_path / "lola_niah_single_1_utils.py")
     assert _exported_by_us(tmp_path / "lola_niah_single_1_utils.py") is False  # returns, never blocks
+
+
+# -- permissions -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_written_files_get_the_users_permissions(tmp_path, umask):
+    # mkstemp creates 0600 and a rename keeps it: a results folder a server or a colleague cannot read.
+    from lola.budgets import HeadBudgets
+    from lola.io.outputs import write_files
+
+    previous = os.umask(umask)
+    try:
+        write_files(tmp_path / "group", {"a.json": "{}", "b.bin": b"\0", "c.txt": lambda p: p.write_text("x")})
+        write_files(tmp_path / "one", {"a.json": "{}"})
+        HeadBudgets(sparse_size_per_head=[[2, 2]], uniform_sparse_size=2, scores=[[1.0, 1.0]], power=1.0).save(tmp_path / "budgets.json")
+        files = [*(tmp_path / "group").iterdir(), tmp_path / "one" / "a.json", tmp_path / "budgets.json"]
+    finally:
+        os.umask(previous)
+    assert {oct(f.stat().st_mode & 0o777) for f in files} == {oct(0o666 & ~umask)}

@@ -363,6 +363,23 @@ def folder_lock(folder: str | os.PathLike, writer: str = "lola", wait: float | N
         os.close(fd)  # releases the lock
 
 
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: ``0o666`` less the process umask."""
+    try:  # Linux shows the umask without changing it (os.umask must set one to read it)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+_umask_lock = threading.Lock()
+
+
 def _reclaim_temporaries(folder: Path) -> None:
     """Remove the temporary files a killed writer left (the lock is held: no lola writer is
     using any; those a journal names were moved into place by :func:`finish_pending` first)."""
@@ -428,6 +445,7 @@ def write_files(
                     else:
                         with os.fdopen(fd, "wb") as f:
                             f.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
+                    os.chmod(tmp, file_mode())  # mkstemp's 0600 would stay with the file through the rename
                     _sync(tmp)
                 except OSError as err:
                     if err.filename is not None:

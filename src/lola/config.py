@@ -129,8 +129,8 @@ class LoLAConfig(BaseModel):
     policy_kwargs: dict[str, Any] = Field(default_factory=dict)
     mixing: Literal[MIXING_NAMES] = "softmax_only"
     affine: StrictBool = False
-    linear_decay: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
-    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    linear_decay: Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    linear_share_cap: Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     linear_share_cap_from: Tokens = 0
     positions: Literal["absolute", "bounded"] = "absolute"
     exact_distance: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] | None = None

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictInt
+from pydantic import Field, Strict, StrictInt
 
 from lola.config import LoLAConfig
 from lola.limits import MAX_TOKENS
@@ -130,11 +130,11 @@ def method_config(
 # The lola method's linear-state options of an evaluation run (``lola niah``, ``lola perplexity``):
 # ``None`` leaves the LoLAConfig's own value.
 LinearDecayOption = Annotated[
-    Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None,
+    Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)] | None,
     Field(description="the lola method's linear-state decay per token (1: none, the paper's state; 0.5 ** (1 / n): a half-life of n tokens)"),
 ]
 LinearShareCapOption = Annotated[
-    Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None,
+    Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)] | None,
     Field(description="the lola method's cap on the linear state's share of each output (none: no cap)"),
 ]
 LinearShareCapFromOption = Annotated[

@@ -20,7 +20,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator
 
 from lola.limits import MAX_TOKENS
 from lola.provenance import versions
@@ -213,7 +213,7 @@ class CalibrateSpec(BaseModel):
     length: StrictInt = Field(2048, ge=1, le=MAX_TOKENS, description="tokens per calibration prompt")
     prompts: StrictInt = Field(16, ge=1, le=100_000, description="calibration prompts")
     sparse_size: StrictInt = Field(192, ge=0, le=MAX_TOKENS, description="the uniform sparse size to redistribute")
-    power: float = Field(0.5, ge=0, description="budget ∝ score ** power")
+    power: StrictFloat = Field(0.5, ge=0, allow_inf_nan=False, description="budget ∝ score ** power")
     floor: StrictInt = Field(0, ge=0, le=MAX_TOKENS, description="sparse slots every head keeps")
     seed: StrictInt = Field(0, description="offsets the calibration prompts' seeds")
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lola.config import MAX_TOKENS, LoLAConfig, Tokens, validation_summary
 from lola.core.mixing import MIXING_NAMES
@@ -95,7 +95,7 @@ class NiahRun(BaseModel):
     # At 8K the learned scorer filled heads' sparse caches with copies of the haystack's repeated
     # tokens; folding repeats answered more of the same prompts (docs/results.md, "What the
     # misses at 8K are"). Decided with the model and maps: on with trained maps, for the learned scorer.
-    fold_repeats: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
+    fold_repeats: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
         None,
         description="wrap the learned policy in `distinct`: a candidate whose value has cosine >= this with a higher-ranked "
         "candidate's is folded into the linear state (0: off; none: 0.95 with trained feature maps, else off)",

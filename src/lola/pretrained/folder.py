@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt
 
 from lola.budgets import HeadBudgets
 from lola.config import LoLAConfig
@@ -94,7 +94,7 @@ class ReadDefaults(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    linear_share_cap: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    linear_share_cap: Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
     positions: Literal["absolute", "bounded"] | None = None
     budgets: HeadBudgets | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from lola.pretrained.tensors import group_tensors
 
@@ -27,8 +27,8 @@ class LoraSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    rank: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0)
+    rank: StrictInt = Field(8, ge=1)
+    alpha: StrictFloat = Field(16.0, gt=0, allow_inf_nan=False)
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
     @property

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 from lola.limits import MAX_TOKENS
 from lola.provenance import versions
@@ -83,7 +83,7 @@ class FitSpec(BaseModel):
     heldout: StrictInt = Field(8, ge=1, le=10_000, description="held-out chunks for the report")
     min_distance: StrictInt = Field(64, ge=1, le=MAX_TOKENS, description="future target: queries at least this far after the key (the window)")
     min_future: StrictInt = Field(256, ge=1, le=MAX_TOKENS, description="future target: fit keys with at least this many such queries")
-    ridge: float = Field(1e-3, ge=0, description="ridge penalty, relative to each feature's energy")
+    ridge: StrictFloat = Field(1e-3, ge=0, allow_inf_nan=False, description="ridge penalty, relative to each feature's energy")
 
     def keys(self) -> tuple[int, int]:
         """The range of key positions of a chunk that are fitted."""

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import lola
 from lola import kernels as K
 from lola.core import mix
+from tests.oracles import assert_rel_close
 from tests.strategies import memory_sizes, seeds, storages
 
 
@@ -213,7 +214,7 @@ def test_the_engine_under_forced_triton_equals_the_reference(mixing, monkeypatch
     ref, ref_backends = run("reference")
     tri, tri_backends = run("triton")
     assert ref_backends == {"reference"} and tri_backends == {"triton"}
-    torch.testing.assert_close(tri, ref, rtol=2e-3, atol=2e-3)
+    assert_rel_close(ref, tri, 1e-5)  # float32 both ways: only the order of sums differs
 
 
 # -- no host reads per decoded token ------------------------------------------------------------------

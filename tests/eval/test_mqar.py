@@ -30,6 +30,14 @@ def test_accuracy_and_errors():
     inputs, labels = make_mqar(2, 32, 4, vocab_size=64)
     perfect = torch.nn.functional.one_hot(labels.clamp(min=0), 64).float()
     assert mqar_accuracy(perfect, labels) == 1.0
+    # Wrong answers count, unlabelled positions do not: the prediction at exactly the first half
+    # of the labelled positions moved to another token, and every unlabelled one garbled.
+    labelled = (labels != -100).nonzero().tolist()
+    wrong = perfect.clone()
+    for n, i in labelled[: len(labelled) // 2]:
+        wrong[n, i] = torch.nn.functional.one_hot((labels[n, i] + 1) % 64, 64).float()
+    wrong[labels == -100] = torch.randn(int((labels == -100).sum()), 64)
+    assert mqar_accuracy(wrong, labels) == (len(labelled) - len(labelled) // 2) / len(labelled)
     with pytest.raises(ValueError, match="seq_len"):
         make_mqar(1, 10, 4)
     with pytest.raises(ValueError, match="distinct keys"):

@@ -353,6 +353,8 @@ class DrawnAll(Drawn):
     def score(self, candidates, ctx):
         s = super().score(candidates, ctx)
         self.peak = getattr(self, "peak", {})
+        self.calls = getattr(self, "calls", [])
+        self.calls.append([((b, h, int(candidates.pos[b, h, n])), float(s[b, h, n])) for b, h, n in candidates.valid.nonzero().tolist()])
         for b, h, n in candidates.valid.nonzero().tolist():
             key = (b, h, int(candidates.pos[b, h, n]))
             self.peak[key] = max(self.peak.get(key, -math.inf), float(s[b, h, n]))
@@ -433,6 +435,17 @@ def test_peak_score_ranks_a_cached_token_by_its_highest_score(drawn, t, window, 
     block = state.sparse.block
     for b, h, n in block.valid.nonzero().tolist():
         assert float(block.acc[b, h, n]) == recorder.peak[(b, h, int(block.pos[b, h, n]))]
+    # Which tokens stay: replay every step from the scores the inner policy gave, ranking a
+    # cached token by its highest score so far and a token leaving the window by its first,
+    # and keeping the top-λ per (row, storage head).
+    rank: dict[tuple[int, int, int], float] = {}
+    for call in getattr(recorder, "calls", []):
+        ranked: dict[tuple[int, int], list[tuple[float, tuple[int, int, int]]]] = {}
+        for key, now in call:
+            ranked.setdefault(key[:2], []).append((max(rank.get(key, -math.inf), now), key))
+        rank = {key: r for xs in ranked.values() for r, key in sorted(xs, reverse=True)[: state.sparse.capacity]}
+    held = {(b, h, int(block.pos[b, h, n])) for b, h, n in block.valid.nonzero().tolist()}
+    assert held == set(rank)
     with pytest.raises(ValueError, match="keeps its scores already"):
         PeakScore(policy="learned", policy_kwargs={"scorer": "smollm2-135m-instruct"})
     with pytest.raises(ValueError, match="tallies attention"):

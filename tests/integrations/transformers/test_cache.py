@@ -31,11 +31,17 @@ def test_generate_greedy_and_sampled_with_left_padding():
 
 
 def test_beam_search_reorders_the_cache():
+    # The reference recomputes every beam from its tokens at each step (no cache): a cache whose
+    # rows were not reordered with the beams continues another beam's state and drifts from it.
     model = apply_lola(tiny("llama"), SMALL)
     ids, mask = left_padded(batch=2, length=20)
+    beams = dict(attention_mask=mask, max_new_tokens=8, num_beams=3, num_return_sequences=3, do_sample=False, output_scores=True, return_dict_in_generate=True)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=8, num_beams=3, do_sample=False, cache=LoLACache(model))
-    assert out.shape == (2, 28)
+        cached = model.generate(ids, cache=LoLACache(model), **beams)
+        recomputed = model.generate(ids, use_cache=False, **beams)
+    assert cached.sequences.shape == (6, 28)
+    assert torch.equal(cached.sequences, recomputed.sequences)
+    assert_rel_close(cached.sequences_scores, recomputed.sequences_scores, 1e-4)
 
 
 def test_crop_is_refused_clearly():

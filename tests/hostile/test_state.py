@@ -604,3 +604,27 @@ CACHES = [
 def test_an_api_input_is_refused_naming_it(case, tmp_path):
     with pytest.raises(case.error, match=case.match):
         case.run(tmp_path)
+
+
+# -- layouts, not totals ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("saved, loaded", [([4, 2], [2, 4]), ([3, 3], [6, 0]), ([4, 2], None)], ids=["swapped", "moved", "uniform"])
+def test_a_state_loads_only_into_the_per_head_layout_it_was_saved_from(saved, loaded):
+    # The same total gives the same shapes: without the layout in the state, tokens would move
+    # to another head (or a head hold more than its size).
+    def make(sizes):
+        cfg = lola.LoLAConfig(window=2, sparse_size=3, sinks=1, chunk=2, sparse_size_per_head=sizes)
+        return compose(cfg, num_heads=2, head_dim=4, num_kv_heads=2)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 12, 2, 4, generator=g) for _ in range(3))
+    with torch.no_grad():
+        _, state = make(saved)(q, k, v)
+    target = make(loaded).new_state()
+    expected = rf"saved with per-head sizes \[{saved[0]}, {saved[1]}\], but this layer holds \[{loaded[0]}, {loaded[1]}\]" if loaded else "per-head sizes"
+    with pytest.raises(ValueError, match=expected):
+        target.load_state_dict(state.state_dict())
+    again = make(saved).new_state()
+    again.load_state_dict(state.state_dict())  # its own layout loads
+    assert again.state_dict()["sparse.head_sizes"].tolist() == [saved]

@@ -80,14 +80,14 @@ def test_a_store_held_ragged_saves_its_run_as_a_store_on_its_own_does(widths, ba
     block = _padded(batch, widths, 3, seed, False)
     alone = SparseCache(widths)
     run = _run_by_definition(block, widths)
-    alone.load_state_dict({"k": run.k, "v": run.v, "pos": run.pos})
+    alone.load_state_dict({"k": run.k, "v": run.v, "pos": run.pos, "head_sizes": torch.tensor([widths] * batch)})
     slots = SlotBuffer([("sparse", widths)])
     held = SparseCache(widths)
     held.bind(slots)
     slots.allocate(batch, len(widths), 3, torch.float32, torch.device("cpu"), False)
     held.load_state_dict(alone.state_dict())
     saved_alone, saved_held = alone.state_dict(), held.state_dict()
-    assert saved_alone.keys() == saved_held.keys() == {"k", "v", "pos"}
+    assert saved_alone.keys() == saved_held.keys() == {"k", "v", "pos", "head_sizes"}
     for key in saved_alone:
         assert torch.equal(saved_alone[key], saved_held[key])
     assert saved_held["k"].data_ptr() != slots.run.k.data_ptr()  # a copy: the run is written in place later

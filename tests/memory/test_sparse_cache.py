@@ -39,7 +39,9 @@ def test_per_head_sizes_save_only_their_slots_and_count_what_they_hold():
     cache.allocate(2, 3, 4, torch.float32, torch.device("cpu"), False)
     state = cache.state_dict()
     assert state["k"].shape == (2, 1, 8, 4) and state["pos"].shape == (2, 1, 8)
-    assert sum(t.numel() * t.element_size() for t in state.values()) == 2 * (2 * 8 * 4 * 4) + 2 * 8 * 8
+    slots = {k: t for k, t in state.items() if k != "head_sizes"}
+    assert sum(t.numel() * t.element_size() for t in slots.values()) == 2 * (2 * 8 * 4 * 4) + 2 * 8 * 8
+    assert state["head_sizes"].tolist() == [[3, 0, 5]] * 2  # the layout, in head order, with every row
     assert cache.block.k.shape == (2, 3, 5, 4)
     assert cache.nbytes() == 2 * 3 * 5 * (2 * 4 * 4 + 8)
 
@@ -73,5 +75,5 @@ def test_per_head_sizes_state_round_trip_is_exact():
     other.load_state_dict(cache.state_dict())
     for a, b in zip(other.state_dict().values(), cache.state_dict().values()):
         assert torch.equal(a, b)
-    with pytest.raises(ValueError, match=r"per-head sizes \[2, 3\]"):
+    with pytest.raises(ValueError, match=r"saved with per-head sizes \[1, 3\], but this layer holds \[2, 3\]"):
         SparseCache([2, 3]).load_state_dict(cache.state_dict())

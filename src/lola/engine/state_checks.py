@@ -71,7 +71,13 @@ def layout_of(state: dict[str, torch.Tensor], linear: str, window: str) -> State
 
 def _check_layout(state: dict[str, torch.Tensor], memory: CheckedState) -> None:
     """``state`` against what ``memory`` holds (:meth:`LoLAMemory.reference_state`): the same
-    keys, dtypes, and shapes but the batch."""
+    keys, dtypes, and shapes but the batch. First the per-head layout of each exact store: a
+    state of other per-head sizes of the same total has the same shapes."""
+    for part in memory.stateful_parts():
+        check_layout = getattr(part, "check_layout_entry", None)
+        key = f"{part.name}.head_sizes"
+        if check_layout is not None and (key in state or getattr(part, "head_sizes", None)):
+            check_layout({"head_sizes": state[key]} if key in state else {})
     found = memory.reference_state(state)
     if found is None:
         return

@@ -349,12 +349,45 @@ class ExactStore:
         # layer's buffer); a state dict is a record of now, safetensors-ready
         b = self.block
         out = {name: t.clone(memory_format=torch.contiguous_format) for name, t in (("k", b.k), ("v", b.v), ("pos", b.pos), ("acc", b.acc)) if t is not None}
-        return out
+        return out | self.layout_entry(b.pos)
+
+    def layout_entry(self, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A store of per-head sizes records them with its slots: ``head_sizes [B, Hs]`` int64,
+        in head order (the same shapes hold other sizes of the same total or width)."""
+        sizes = getattr(self, "head_sizes", None)
+        if not sizes:
+            return {}
+        return {"head_sizes": torch.tensor(sizes, dtype=torch.long, device=pos.device).expand(pos.shape[0], -1).contiguous()}
+
+    def check_layout_entry(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` without its ``head_sizes``, after checking they are this store's.
+
+        Raises:
+            ValueError: sizes of another layout (or none where this store has them), naming both.
+        """
+        ours = list(getattr(self, "head_sizes", None) or [])
+        saved = state.get("head_sizes")
+        rest = {k: t for k, t in state.items() if k != "head_sizes"}
+        if not ours and saved is None:
+            return rest
+        what = f"{type(self).__name__} ({self.name})"
+        if saved is None:
+            raise ValueError(f"{what} holds per-head sizes {ours}, but the state records none: it was saved by a layer of another layout")
+        if not ours:
+            raise ValueError(f"{what} has one size for every head, but the state was saved with per-head sizes {saved[0].tolist()}")
+        if saved.dim() != 2 or saved.dtype != torch.long or saved.shape[1] != len(ours) or bool((saved != torch.tensor(ours, device=saved.device)).any()):
+            shown = saved[0].tolist() if saved.dim() == 2 and saved.shape[0] else list(saved.shape)
+            raise ValueError(
+                f"{what}: the state was saved with per-head sizes {shown}, but this layer holds {ours} "
+                "(a state loads only into the layout it was saved from: the heads' tokens would move)"
+            )
+        return rest
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if not state:
             self.block = None
             return
+        state = self.check_layout_entry(state)
         missing = {"k", "v", "pos"} - state.keys()
         if missing:
             raise ValueError(f"{type(self).__name__} state is missing {sorted(missing)}")

@@ -83,12 +83,13 @@ class SparseCache(ExactStore):
         out = {"k": f.k, "v": f.v, "pos": f.pos}
         if f.acc is not None:
             out["acc"] = f.acc
-        return out
+        return out | self.layout_entry(f.pos)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if self.head_sizes is None or not state:
             super().load_state_dict(state)
             return
+        state = self.check_layout_entry(state)
         missing = {"k", "v", "pos"} - state.keys()
         if missing:
             raise ValueError(f"SparseCache state is missing {sorted(missing)}")

@@ -263,6 +263,8 @@ class LoLAAttention(nn.Module):
             state.allocate(b, self.num_heads, hs, self.head_dim, self.feature_dim, k.dtype, k.device)
         else:
             self._check_state(state, k)
+            if state.seen.is_inference() and not torch.is_inference_mode_enabled():
+                state.leave_inference_mode()
         self._check_owner(state)
 
         qh = q.transpose(1, 2)  # [B, H, T, D]

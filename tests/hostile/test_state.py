@@ -628,3 +628,37 @@ def test_a_state_loads_only_into_the_per_head_layout_it_was_saved_from(saved, lo
     again = make(saved).new_state()
     again.load_state_dict(state.state_dict())  # its own layout loads
     assert again.state_dict()["sparse.head_sizes"].tolist() == [saved]
+
+
+# -- inference mode ---------------------------------------------------------------------------------
+
+
+def test_a_cache_prefilled_under_inference_mode_generates_as_transformers_own_does():
+    # Tensors made under torch.inference_mode() cannot be written in place outside it; the
+    # stock cache concatenates, so it works across the boundary, and a LoLACache must too
+    # (the same tokens as a cache prefilled outside inference mode).
+    from lola.integrations.transformers import LoLACache
+
+    model, x = tiny_lola(), ids(20)
+    with torch.inference_mode():
+        inside = LoLACache(model)
+        model(x, cache=inside)
+    with torch.no_grad():
+        outside = LoLACache(model)
+        model(x, cache=outside)
+    runs = [model.generate(x, cache=c, max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True) for c in (inside, outside)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(runs[0].scores, runs[1].scores))
+
+
+def test_a_layer_state_made_under_inference_mode_continues_outside_it():
+    attn = layer()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 20, attn.num_heads if i == 0 else attn.num_kv_heads, attn.head_dim, generator=g) for i in range(3))
+    with torch.inference_mode():
+        _, state = attn(q[:, :12], k[:, :12], v[:, :12])
+    with torch.no_grad():
+        o, _ = attn(q[:, 12:], k[:, 12:], v[:, 12:], state=state)
+        _, fresh = attn(q[:, :12], k[:, :12], v[:, :12])
+        ref, _ = attn(q[:, 12:], k[:, 12:], v[:, 12:], state=fresh)
+    assert torch.equal(o, ref) and not state.seen.is_inference()

@@ -254,6 +254,21 @@ class LayerState:
             out.update({f"{m.name}.{k}": t for k, t in m.state_dict().items()})
         return out
 
+    def leave_inference_mode(self) -> None:
+        """Copy a state made under ``torch.inference_mode()`` into normal tensors, once: outside
+        that mode its tensors cannot be written in place (the window's ring slot, a step's
+        select), and transformers' own cache works across the boundary (it concatenates).
+
+        Raises:
+            ValueError: the state is bound to pages (the pages are the caller's to make).
+        """
+        if self.binding is not None:
+            raise ValueError(
+                "the state is bound to pages made under torch.inference_mode(): outside it they cannot be written in place; "
+                "allocate the pages outside inference mode (or run every step inside it)"
+            )
+        self.load_state_dict(self.state_dict(), check=False)  # state_dict's clones are normal tensors here
+
     def load_state_dict(self, state: dict[str, torch.Tensor], check: bool = True) -> None:
         """Restore what :meth:`state_dict` saved (copies; every held token bit-exact, empty slots
         zeroed).

@@ -76,7 +76,7 @@ check() {
       unset PYTHONPATH
       export PATH="$env/bin:$PATH"
       echo "== CPython $v: $(python -c 'import lola, os; print(lola.__version__, os.path.dirname(lola.__file__))')"
-      python -c "import lola, sys; sys.exit('lola imported from the source tree' if '$repo' in lola.__file__ else 0)"
+      python -c "import lola, sys; sys.exit('lola imported from the source tree' if lola.__file__.startswith('$repo/src/') else 0)"
       lola --help > /dev/null
       awk '/^```python$/{f=1;next} /^```$/{if(f)exit} f' "$repo/README.md" > first_example.py
       python first_example.py | tee first_example.out

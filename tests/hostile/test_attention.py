@@ -239,3 +239,37 @@ def test_verified_architectures_reproduce_stock_attention(model_type, overrides)
         with patch(model, lola.LoLAConfig(window=32, sparse_size=0, sinks=0, chunk=32, mixing="softmax_only")):
             out = model(ids, use_cache=False).logits
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+# -- 4-D masks: honoured where they are causal + padding, refused otherwise ------------------------
+
+
+def _block_causal(spans: list[tuple[int, int]], n: int) -> torch.Tensor:
+    mask = torch.zeros(1, 1, n, n, dtype=torch.bool)
+    for a, b in spans:
+        for i in range(a, b):
+            mask[0, 0, i, a : i + 1] = True
+    return mask
+
+
+@pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
+def test_a_4d_mask_of_packed_sequences_is_refused_naming_it(additive):
+    # Read as padding only, the second sequence would attend to the first (logits 0.575 off).
+    from tests.hostile.common import ids, tiny_lola
+
+    mask = _block_causal([(0, 5), (5, 10)], 10)
+    if additive:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    with pytest.raises(ValueError, match=r"attention_mask: the 4-D mask is more than causal attention .* packed sequences"):
+        tiny_lola()(ids(10), attention_mask=mask)
+
+
+def test_a_4d_mask_of_causal_attention_with_padding_is_honoured():
+    from tests.hostile.common import ids, tiny_lola
+
+    model, x = tiny_lola(), ids(10)
+    mask = _block_causal([(3, 10)], 10)  # three left-padding tokens, then one causal sequence
+    with torch.no_grad():
+        four = model(x, attention_mask=mask).logits
+        two = model(x, attention_mask=torch.tensor([[0, 0, 0] + [1] * 7])).logits
+    assert torch.allclose(four[:, 3:], two[:, 3:], atol=1e-6, rtol=0)

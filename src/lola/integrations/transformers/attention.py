@@ -39,6 +39,53 @@ def announce(layer: AnnouncedLayer) -> None:
     _ANNOUNCED.set(layer)
 
 
+# The 4D masks lola's mask function built from a 2D padding mask: causal + padding by
+# construction. Any other 4D mask reached the layers from the caller and is checked.
+_BUILT: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()  # by id: tensors compare by value
+
+
+def lola_mask(*args, **kwargs):
+    """transformers' ``sdpa_mask``, remembering the masks it builds (see :data:`_BUILT`)."""
+    from transformers.masking_utils import sdpa_mask
+
+    mask = sdpa_mask(*args, **kwargs)
+    if isinstance(mask, torch.Tensor):
+        _BUILT[id(mask)] = mask
+    return mask
+
+
+def check_causal_with_padding(attention_mask: torch.Tensor, q_len: int) -> None:
+    """Refuse a 4D mask given by the caller that is more than causal attention over the real
+    tokens: LoLA's memories hold one sequence per row, so packed sequences (a block-diagonal
+    mask) or other patterns cannot be honoured, and reading only the padding would let the
+    sequences attend to each other.
+
+    For every real query (one that may attend to itself), the keys it may attend to must be
+    exactly the real keys at or before it, the real keys being those some real query attends to.
+
+    Raises:
+        ValueError: naming ``attention_mask`` and what is supported.
+    """
+    allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0  # [B, h, q, kv]
+    if allowed.shape[1] != 1 and not bool((allowed == allowed[:, :1]).all()):
+        raise ValueError("attention_mask: a 4-D mask that differs between heads is not supported by LoLA layers; pass a 2-D padding mask")
+    allowed = allowed[:, 0]  # [B, q, kv]
+    kv_len = allowed.shape[-1]
+    columns = kv_len - q_len + torch.arange(q_len, device=allowed.device)  # each query's own key column
+    real_query = allowed[:, torch.arange(q_len, device=allowed.device), columns]  # [B, q]
+    causal = torch.arange(kv_len, device=allowed.device)[None, :] <= columns[:, None]  # [q, kv]
+    real_key = (allowed & real_query[..., None]).any(dim=1)  # [B, kv]
+    expected = causal[None] & real_key[:, None, :]
+    wrong = (allowed != expected) & real_query[..., None]
+    if bool(wrong.any()):
+        b, i, j = (int(x) for x in wrong.nonzero()[0])
+        raise ValueError(
+            f"attention_mask: the 4-D mask is more than causal attention over the real tokens (row {b}: query {i} "
+            f"{'may' if bool(allowed[b, i, j]) else 'may not'} attend to key {j}), e.g. packed sequences; LoLA layers hold one "
+            "sequence per row and read causal attention with padding only: pass a 2-D padding mask, one sequence per row"
+        )
+
+
 def segment_padding_mask(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
     """``[B, q_len]`` bool real-token mask of the current segment, from transformers' 4D mask
     (``None`` when every token of the segment is real).
@@ -56,6 +103,8 @@ def segment_padding_mask(attention_mask: torch.Tensor | None, q_len: int) -> tor
     last = _LAST_MASK.get()
     if last is not None and last[0]() is attention_mask and last[1] == q_len:
         return last[2]
+    if _BUILT.get(id(attention_mask)) is not attention_mask:
+        check_causal_with_padding(attention_mask, q_len)
     kv_len = attention_mask.shape[-1]
     i = torch.arange(q_len, device=attention_mask.device)
     diag = attention_mask[:, 0, i, kv_len - q_len + i]
@@ -159,9 +208,9 @@ def check_rotated_positions(position_ids: torch.Tensor | None, state: Any, paddi
 def register_attention() -> None:
     """Register the ``"lola"`` attention function and its mask function with transformers."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTENTION_NAME, lola_attention_forward)
     # Without a mask function of the same name transformers passes attention_mask=None,
     # and left-padded batches would be silently wrong.
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    AttentionMaskInterface.register(ATTENTION_NAME, lola_mask)

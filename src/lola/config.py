@@ -234,11 +234,23 @@ class LoLAConfig(BaseModel):
     @model_validator(mode="after")
     def _policy_accepts_kwargs(self) -> "LoLAConfig":
         from lola.policies import build as build_policy
+        from lola.schedules import build as build_schedule
 
         try:
-            build_policy(self.policy, **self.policy_kwargs)
+            policy = build_policy(self.policy, **self.policy_kwargs)
         except (TypeError, ValueError) as err:
             raise ValueError(f"policy_kwargs {short_repr(self.policy_kwargs)} do not fit policy {self.policy!r}: {err}") from None
+        # The most candidates one step scores: the sparse cache and the tokens one period moves
+        # out of the window. An option that acts on no step of this size does nothing.
+        sparse = max(self.sparse_size_per_head) if self.sparse_size_per_head else self.sparse_size
+        candidates = sparse + build_schedule(self.schedule, chunk=self.chunk, **self.schedule_kwargs).period
+        for part in _policy_parts(policy):
+            check = getattr(part, "check_candidates", None)
+            if check is not None:
+                try:
+                    check(candidates)
+                except ValueError as err:
+                    raise ValueError(f"policy_kwargs {short_repr(self.policy_kwargs)} of policy {self.policy!r}: {err}") from None
         return self
 
     def for_layer(self, index: int) -> "LoLAConfig":
@@ -262,6 +274,14 @@ class LoLAConfig(BaseModel):
         window = max(self.window_per_head) if self.window_per_head else self.window
         sparse = max(self.sparse_size_per_head) if self.sparse_size_per_head else self.sparse_size
         return self.sinks + window + sparse
+
+
+def _policy_parts(policy: object) -> list[object]:
+    """``policy`` and every policy it is composed of (``parts`` of the combinators)."""
+    out = [policy]
+    for part in getattr(policy, "parts", ()) or ():
+        out += _policy_parts(part)
+    return out
 
 
 def validation_summary(err: ValidationError) -> str:

@@ -185,3 +185,26 @@ def linear_state_options(run: Any) -> dict[str, Any]:
     """The linear-state options ``run`` sets (those not ``None``), as ``LoLAConfig`` overrides
     of the ``lola`` method."""
     return {k: v for k in LINEAR_STATE_OPTIONS if (v := getattr(run, k)) is not None}
+
+
+LOLA_ONLY_OPTIONS = ("policies", "linear_decay", "linear_share_cap", "linear_share_cap_from", "fold_repeats", "fold_copies")
+"""Options of an evaluation run that set the lola method alone (the other methods have no
+sparse cache to score, and full attention and the window no linear state)."""
+
+
+def check_lola_options(given: Mapping[str, Any], methods: list[str] | tuple[str, ...]) -> None:
+    """Refuse options of the lola method given for a run without it: they would do nothing.
+
+    Args:
+        given: the options the user gave (command line or config file), by field name.
+        methods: the methods the run evaluates.
+
+    Raises:
+        ValueError: naming the options and the methods.
+    """
+    found = ["--" + field.replace("_", "-") for field in LOLA_ONLY_OPTIONS if given.get(field) is not None]
+    if found and "lola" not in methods:
+        raise ValueError(
+            f"{', '.join(found)} {'sets' if len(found) == 1 else 'set'} the lola method, which is not among the methods {list(methods)}: "
+            f"add lola to --methods or drop {'it' if len(found) == 1 else 'them'}"
+        )

@@ -336,3 +336,36 @@ def test_perplexity_checks_the_feature_maps_before_opening_its_bar(edit, tmp_pat
     with pytest.raises(ValueError):
         run_perplexity(run, model, tok, progress=False)
     assert not bars and not hasattr(model, "_lola")  # and the model is left as it came
+
+
+# -- options that would do nothing: refused, naming them ---------------------------------------------
+
+NOTHING_DONE = [
+    (["linearize", "--quick", "--stage", "1", "--lora-rank", "4"], ["--lora-rank", "stage 2", "--stage 1"]),
+    (["linearize", "--quick", "--stage", "1", "--from-lora"], ["--from-lora", "stage 2"]),
+    (["linearize", "--quick", "--stage", "1", "--stage2-steps", "3", "--gradient-checkpointing"], ["--stage2-steps, --gradient-checkpointing", "stage 2"]),
+    (["linearize", "--quick", "--stage", "2", "--window", "8", "--lr", "0.1"], ["--lr, --window", "stage 1", "--stage 2"]),
+    (["niah", "--model", "tiny-random-llama", "--methods", "full", "window", "--linear-decay", "0.9"], ["--linear-decay", "lola method", "['full', 'window']"]),
+    (["niah", "--model", "tiny-random-llama", "--methods", "hybrid", "--policies", "sre"], ["--policies", "lola method"]),
+    (["niah", "--model", "tiny-random-llama", "--methods", "full", "--fold-repeats", "0.9", "--fold-copies", "2"], ["--fold-repeats, --fold-copies"]),
+    (["perplexity", "--model", "tiny-random-llama", "--methods", "full", "hybrid", "--linear-share-cap", "0.5"], ["--linear-share-cap", "lola method"]),
+]
+
+
+@pytest.mark.parametrize("argv, fragments", NOTHING_DONE, ids=[" ".join(a[:1] + a[-2:]) for a, _ in NOTHING_DONE])
+def test_an_option_that_affects_nothing_selected_is_refused(argv, fragments, tmp_path, capsys, no_model):
+    argv = [*argv, "--out", str(tmp_path / "out")] if argv[0] != "perplexity" else argv
+    refused(capsys, argv, *fragments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_distinct_with_more_copies_than_a_step_scores_is_refused():
+    # copies=1000 with a sparse cache of 64 and a chunk of 64: no candidate ever repeats 1000
+    # others, so the fold would never happen (the same as no distinct at all).
+    import lola
+
+    with pytest.raises(ValueError, match=r"distinct keeps 1000 copies, but a step scores at most 128 candidates"):
+        lola.LoLAConfig(policy="distinct", policy_kwargs={"policy": "sre", "copies": 1000})
+    with pytest.raises(ValueError, match=r"at most 16 candidates"):  # per-head sizes: the largest head's, plus one period
+        lola.LoLAConfig(window=8, sparse_size=4, chunk=4, sparse_size_per_head=[12, 4], policy="distinct", policy_kwargs={"copies": 16})
+    assert lola.LoLAConfig(policy="distinct", policy_kwargs={"copies": 127}).policy_kwargs["copies"] == 127

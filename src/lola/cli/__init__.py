@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from lola.errors import about, describe_validation, option_name, report
 from lola.limits import MAX_TOKENS
+from lola.methods import check_lola_options
 from lola.provenance import DISTRIBUTION
 
 __all__ = ["main"]
@@ -160,6 +161,7 @@ def _niah(args: argparse.Namespace) -> int:
     options.update(given_fields(args, NIAH_FIELDS))
     batch_size = _check_int("--batch-size", options.pop("batch_size", 1) if args.batch_size is None else args.batch_size, 1)
     run = NiahRun(**options)
+    check_lola_options(options, run.methods)
     out = args.out or f"results/niah-{run.task}"
     check_out_folder(out, run)  # unwritable, foreign, another run's or damaged: refused before loading
     if run.feature_maps is not None:
@@ -271,9 +273,30 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | Non
         load_checkpoint(out / CHECKPOINT_FILE, cfg1, "--steps")
 
 
+def _check_stage_options(args: argparse.Namespace) -> None:
+    """Refuse an option of a stage that ``--stage`` does not run (it would do nothing).
+
+    Raises:
+        ValueError: naming the options and the stage they belong to.
+    """
+    from lola.cli.spec_options import given_fields
+
+    stage1 = [option_name(f) for f in given_fields(args, LINEARIZE_STAGE1)]
+    stage2 = [option_name(dest) for dest in LINEARIZE_STAGE2.values() if getattr(args, dest, None) is not None]
+    stage2 += [option_name(dest) for dest in ("from_lora", "gradient_checkpointing") if getattr(args, dest, False)]
+    stage2 += [option_name(dest) for dest in ("stage2_attention", "feature_maps") if getattr(args, dest, None) is not None]
+    for stage, options, other in (("1", stage2, "2 (LoRA fine-tuning)"), ("2", stage1, "1 (attention transfer)")):
+        if args.stage == stage and options:
+            raise ValueError(
+                f"{', '.join(options)} {'sets' if len(options) == 1 else 'set'} stage {other}, but --stage {stage} runs stage {stage} alone: "
+                f"drop {'it' if len(options) == 1 else 'them'}, or run --stage all"
+            )
+
+
 def _linearize(args: argparse.Namespace) -> int:
     from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
 
+    _check_stage_options(args)
     opts1, opts2 = linearize_fields(args)
     stage2_dests = {**LINEARIZE_STAGE2, **{f2: d for d, f2 in LINEARIZE_SHARED.items()}}
     if args.from_lora:
@@ -369,7 +392,9 @@ def _perplexity(args: argparse.Namespace) -> int:
     from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
     from lola.io.outputs import check_output_file
 
-    run = PerplexityRun(**given_fields(args, PERPLEXITY_FIELDS))
+    given = given_fields(args, PERPLEXITY_FIELDS)
+    run = PerplexityRun(**given)
+    check_lola_options(given, run.methods)
     _check_text_sources(run.text)
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
@@ -593,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage2-attention",
         dest="stage2_attention",
         choices=("hybrid", "lola"),
-        default="hybrid",
+        default=None,
         help="hybrid (default, LoLCATs): train the sliding-window hybrid; lola: train through LoLA as `lola niah` runs it (sinks, window, sparse cache with the model's budgets, the paper's rule)",
     )
     g2.add_argument(

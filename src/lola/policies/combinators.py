@@ -232,6 +232,19 @@ class Distinct(_Composite):
             raise ValueError(f"copies must be an integer >= 1, got {self.copies!r}")
         object.__setattr__(self, "parts", (_build(self.policy, self.policy_kwargs),))
 
+    def check_candidates(self, candidates: int) -> None:
+        """Refuse ``copies`` that no step of ``candidates`` candidates reaches (nothing would fold).
+
+        Raises:
+            ValueError: ``copies >= candidates``.
+        """
+        if self.copies >= candidates:
+            raise ValueError(
+                f"distinct keeps {self.copies} copies, but a step scores at most {candidates} candidates (the sparse cache and one period's "
+                f"tokens leaving the window), so a candidate repeats at most {candidates - 1} others and nothing would be folded: "
+                f"use copies < {candidates}, or a policy without distinct"
+            )
+
     def score(self, candidates: KVBlock, ctx: ScoringContext) -> torch.Tensor:
         inner = self.parts[0].score(candidates, ctx).float()
         valid, pos = candidates.valid, candidates.pos

@@ -79,7 +79,8 @@ check() {
       python -c "import lola, sys; sys.exit('lola imported from the source tree' if lola.__file__.startswith('$repo/src/') else 0)"
       lola --help > /dev/null
       awk '/^```python$/{f=1;next} /^```$/{if(f)exit} f' "$repo/README.md" > first_example.py
-      python first_example.py | tee first_example.out
+      python first_example.py > first_example.out 2> first_example.err || { cat first_example.err >&2; exit 1; }
+      echo "README's first example: $(cat first_example.out)"
       grep -q "7" first_example.out || { echo "the README's first example did not answer the pass-key" >&2; exit 1; }
       lola niah --samples 1 --lengths 1024 --out niah > niah.log 2>&1 || { cat niah.log >&2; exit 1; }
       python - <<'EOF'
@@ -92,7 +93,8 @@ print("lola niah --samples 1:", v)
 EOF
       pip install -q "$repo/examples/unfamiliar-policy" > plugin.log 2>&1 || { cat plugin.log >&2; exit 1; }
       awk '/^```python$/{f=1;next} /^```$/{if(f)exit} f' "$repo/examples/unfamiliar-policy/README.md" > plugin_example.py
-      python plugin_example.py | tee plugin_example.out
+      python plugin_example.py > plugin_example.out 2> plugin_example.err || { cat plugin_example.err >&2; exit 1; }
+      echo "the plug-in's example: $(head -1 plugin_example.out)"
       grep -q "^Unfamiliar(eps=1e-06)" plugin_example.out
       # Under another CPython than the contributor's (whose suite ran from the source tree): the
       # test suite against the installed wheel (tests/ copied with the files they read, no src/

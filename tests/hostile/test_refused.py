@@ -732,3 +732,36 @@ def test_the_round_has_the_cases_its_docstring_counts():
     expected = {"cases": len(cases), "clear": found["clear"] + found[LATE], "clear but late": found[LATE], "silent": found[SILENT]}
     expected |= {"lost": found[LOST], "out of memory": found[OOM], "unclear": found[UNCLEAR], "xfail": sum(c.gap is not None for c in cases)}
     assert stated == expected, (stated, expected)
+
+
+# -- budgets: their floor and their model, wherever they are applied ----------------------------------
+
+
+def test_budgets_keep_their_floor_at_another_sparse_size():
+    # Calibrated with a floor, then applied at another --sparse-size: re-allocated from the same
+    # scores, every head must still keep the floor (it was lost), or the size is refused.
+    from lola.budgets import HeadBudgets, allocate
+
+    scores = torch.tensor([[9.0, 0.0, 0.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
+    b = HeadBudgets(sparse_size_per_head=allocate(scores, 12, floor=3).tolist(), uniform_sparse_size=12, scores=scores.tolist(), power=0.5, floor=3)
+    for size in (4, 8, 20):
+        sizes = b.sizes_for(size)
+        assert min(min(row) for row in sizes) >= 3 and sum(map(sum, sizes)) <= size * 6
+    with pytest.raises(ValueError, match=r"keep at least 3 sparse slots in every head \(their floor\), more than sparse_size 2"):
+        b.sizes_for(2)
+    saved = json.loads(b.model_dump_json())
+    del saved["floor"]  # a file written before the field: its source records the floor
+    saved["source"] = {"floor": 3}
+    assert HeadBudgets.model_validate(saved).floor == 3
+
+
+def test_budgets_applied_through_the_api_for_another_model_are_refused():
+    from lola.models import tiny_random
+
+    model, _ = tiny_random()
+    shipped = lola.budgets.load("smollm2-135m-instruct")  # 30 layers x 3 K/V heads
+    with pytest.raises(ValueError, match=r"budgets for 30 layers x 3 K/V heads \(calibrated on smollm2-135m-instruct\), but the model has"):
+        shipped.apply(lola.LoLAConfig(), model=model)
+    cfg = shipped.apply(lola.LoLAConfig())  # without the model: apply_lola refuses layers it does not have
+    with pytest.raises(ValueError, match=r"layer_overrides for layers \[.*\] out of range"):
+        lola.apply_lola(model, cfg)

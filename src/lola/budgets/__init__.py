@@ -8,7 +8,7 @@ powers spread it more evenly), and :class:`HeadBudgets` carries the result as
 (:mod:`lola.eval.calibrate`); budgets for the registered models ship with the library::
 
     budgets = lola.budgets.load("smollm2-135m-instruct")
-    cfg = budgets.apply(lola.LoLAConfig(window=60, sparse_size=192, sinks=4))
+    cfg = budgets.apply(lola.LoLAConfig(window=60, sparse_size=192, sinks=4), model=model)
 
 The sparse caches of such a config hold and save exactly ``Σ λ_h`` slots per row (one ragged
 run, each head its own range), so their exact-token bytes never exceed the uniform budget's.
@@ -105,7 +105,18 @@ class HeadBudgets(BaseModel):
     uniform_sparse_size: Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)]
     scores: list[list[Annotated[float, Strict(), Field(ge=0)]]]
     power: Annotated[float, Strict(), Field(ge=0)]
+    floor: Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)] = 0
     source: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _floor_from_source(cls, data: Any) -> Any:
+        # Files written before `floor` was a field record it in their source only.
+        if isinstance(data, dict) and "floor" not in data and isinstance(data.get("source"), dict):
+            floor = data["source"].get("floor")
+            if isinstance(floor, int) and not isinstance(floor, bool):
+                data = {**data, "floor": floor}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "HeadBudgets":
@@ -116,6 +127,8 @@ class HeadBudgets(BaseModel):
             raise ValueError("sparse sizes must be >= 0")
         if [len(r) for r in self.scores] != [len(r) for r in self.sparse_size_per_head]:
             raise ValueError("scores must have the shape of sparse_size_per_head")
+        if min(min(row) for row in self.sparse_size_per_head) < self.floor:
+            raise ValueError(f"sparse_size_per_head holds a head below the floor {self.floor} the budgets were allocated with")
         if self.total_slots > self.uniform_sparse_size * self.num_layers * self.num_kv_heads:
             raise ValueError(f"budgets hold {self.total_slots} sparse slots, more than the uniform {self.uniform_sparse_size} per head allows")
         return self
@@ -153,17 +166,35 @@ class HeadBudgets(BaseModel):
         for :attr:`uniform_sparse_size`, else a new :func:`allocate` of the same scores and power."""
         if sparse_size == self.uniform_sparse_size:
             return [list(row) for row in self.sparse_size_per_head]
-        return allocate(torch.tensor(self.scores, dtype=torch.float64), sparse_size, power=self.power).tolist()
+        if self.floor > sparse_size:
+            raise ValueError(
+                f"these budgets keep at least {self.floor} sparse slots in every head (their floor), more than sparse_size {sparse_size}: "
+                f"use a sparse_size of at least {self.floor}, or budgets calibrated without a floor"
+            )
+        return allocate(torch.tensor(self.scores, dtype=torch.float64), sparse_size, power=self.power, floor=self.floor).tolist()
 
-    def apply(self, config: LoLAConfig) -> LoLAConfig:
+    def apply(self, config: LoLAConfig, model: Any = None) -> LoLAConfig:
         """``config`` with each layer's ``sparse_size_per_head`` redistributing its
         ``sparse_size`` by these budgets' scores (:meth:`sizes_for`): the same total of sparse
         slots as the uniform config.
 
+        Args:
+            config: the uniform config.
+            model: the transformers model the config is for (or its config): budgets for
+                another number of layers or K/V heads are refused (:meth:`check_geometry`).
+                Without it, ``apply_lola`` still refuses budgets for more layers than the
+                model has, but not for fewer.
+
         Raises:
             ValueError: if ``config`` stores per query head (budgets are per K/V head) or sets
-                its own per-head or per-layer sparse sizes.
+                its own per-head or per-layer sparse sizes, or ``model`` has another geometry.
         """
+        if model is not None:
+            hf = getattr(model, "config", model)
+            layers, heads = getattr(hf, "num_hidden_layers", None), getattr(hf, "num_key_value_heads", None) or getattr(hf, "num_attention_heads", None)
+            if not isinstance(layers, int) or not isinstance(heads, int):
+                raise TypeError(f"model must be a transformers model or its config (num_hidden_layers, num_key_value_heads), got {type(model).__name__}")
+            self.check_geometry(layers, heads)
         if config.gqa_storage != "kv_head":
             raise ValueError("head budgets are per K/V head: use gqa_storage='kv_head'")
         if config.sparse_size_per_head is not None or any("sparse_size_per_head" in o or "sparse_size" in o for o in config.layer_overrides.values()):

@@ -281,6 +281,7 @@ def calibrate(
         uniform_sparse_size=sparse_size,
         scores=[[round(float(x), 6) for x in row] for row in scores],
         power=power,
+        floor=floor,
         source={
             "command": f"lola calibrate --model {model_name}{f' --feature-maps {feature_maps}' if feature_maps else ''} --length {length} --prompts {prompts} --sparse-size {sparse_size} --power {power} --floor {floor} --seed {seed}",
             "model": model_name,

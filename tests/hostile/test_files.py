@@ -225,9 +225,9 @@ FOREIGN_FOLDERS = [
     ("a plot without results", {"accuracy.png": b"\x89PNG..."}, ["holds accuracy.png but no lola results.json"]),
     ("samples without results", {"samples.jsonl": b"{}\n"}, ["holds samples.jsonl but no lola results.json"]),
     (
-        "truncated samples.jsonl",
-        {"results.json": RESULTS, "samples.jsonl": (json.dumps(SAMPLE) + "\n" + json.dumps(SAMPLE)[:30]).encode()},
-        ["samples.jsonl: line 2 is not a complete JSON record", "delete that line"],
+        "garbled samples.jsonl",  # a cut last line is redone (tests/hostile/test_resume.py); a garbled one before it is refused
+        {"results.json": RESULTS, "samples.jsonl": (json.dumps(SAMPLE) + "\n" + json.dumps(SAMPLE)[:30] + "\n" + json.dumps(SAMPLE) + "\n").encode()},
+        ["samples.jsonl: line 2 is not a JSON record", "delete that line"],
     ),
     ("foreign samples.jsonl line", {"results.json": RESULTS, "samples.jsonl": b'{"id": 3}\n'}, ["samples.jsonl: line 1 is not a lola niah sample"]),
     ("a different run", {"results.json": _results_with(samples=3)}, ["holds a different run"]),

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -401,7 +402,8 @@ def test_a_stage2_checkpoint_resumes_over_its_own_base(after, tmp_path):
     assert load_checkpoint(out / FINETUNE_CHECKPOINT_FILE, cfg, "--stage2-steps", run_inputs(cfg, stage1_maps=out))["step"] == 2
 
 
-LINEARIZE = ["linearize", "--quick", "--checkpoint-every", "1", "--train-chunks", "1"]
+LINEARIZE = ["linearize", "--quick", "--checkpoint-every", "1"]
+STAGE1 = ["--stage", "1", "--train-chunks", "1"]  # --train-chunks sets stage 1 alone: refused with --stage 2
 
 
 def test_lola_linearize_stage2_refuses_its_checkpoint_after_stage1_is_retrained(tmp_path, capsys):
@@ -410,12 +412,12 @@ def test_lola_linearize_stage2_refuses_its_checkpoint_after_stage1_is_retrained(
     from lola.cli import main
 
     out = str(tmp_path / "lin")
-    assert main([*LINEARIZE, "--stage", "1", "--steps", "1", "--out", out]) == 0
+    assert main([*LINEARIZE, *STAGE1, "--steps", "1", "--out", out]) == 0
     assert main([*LINEARIZE, "--stage", "2", "--stage2-steps", "1", "--out", out]) == 0
     assert main([*LINEARIZE, "--stage", "2", "--stage2-steps", "2", "--out", out]) == 0  # its own output: resumed
     assert "resuming stage 2 from step 1" in capsys.readouterr().out
     # Two steps more (the first step of an extended run has the old schedule's last rate, 0).
-    assert main([*LINEARIZE, "--stage", "1", "--steps", "3", "--out", out]) == 0
+    assert main([*LINEARIZE, *STAGE1, "--steps", "3", "--out", out]) == 0
     capsys.readouterr()
     refused(capsys, [*LINEARIZE, "--stage", "2", "--stage2-steps", "3", "--out", out], "other stage-1 feature maps", "delete checkpoint-stage2.pt")
 
@@ -692,3 +694,98 @@ CONTRADICTIONS = [
 def test_a_record_that_contradicts_itself_or_the_run_is_refused(name, bad, fragment, tmp_path):
     message = _refusal_of_second_record(bad, tmp_path)
     assert "samples.jsonl: line 2" in message and fragment in message, message
+
+
+# -- records cut short by a kill, and two runs on one folder ------------------------------------------
+
+
+def _cut_last_record(path: Path) -> None:
+    data = path.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    path.write_bytes(data[: last + (len(data) - last) // 2])  # half of the last record, no newline
+
+
+def test_a_niah_run_resumed_after_its_last_record_was_cut_redoes_that_sample(tmp_path, capsys):
+    from lola.cli import main
+
+    out = tmp_path / "n"
+    assert main([*FULL_NIAH, "--out", str(out)]) == 0
+    samples = out / "samples.jsonl"
+    whole = [json.loads(line) for line in samples.read_text().splitlines()]
+    _cut_last_record(samples)
+    for _ in range(2):  # and once more: the folder stays readable
+        assert main([*FULL_NIAH, "--out", str(out)]) == 0
+        again = [json.loads(line) for line in samples.read_text().splitlines()]
+        assert len(again) == len(whole) and {(r["method"], r["length"], r["index"]) for r in again} == {(r["method"], r["length"], r["index"]) for r in whole}
+
+
+def test_a_probe_resumed_after_its_last_record_was_cut_redoes_that_sample(tmp_path):
+    from lola.cli import main
+
+    argv = [
+        "probe",
+        "--model",
+        "tiny-random-llama",
+        "--lengths",
+        "400",
+        "--samples",
+        "2",
+        "--methods",
+        "hybrid",
+        "--max-new-tokens",
+        "1",
+        "--out",
+        str(tmp_path / "p"),
+    ]
+    assert main(argv) == 0
+    records = tmp_path / "p" / "probe.jsonl"
+    n = len(records.read_text().splitlines())
+    _cut_last_record(records)
+    for _ in range(2):
+        assert main(argv) == 0
+        lines = records.read_text().splitlines()
+        assert len(lines) == n and all(json.loads(line) for line in lines)
+
+
+@pytest.mark.parametrize("command", ["niah", "probe", "linearize"])
+def test_a_second_run_on_a_folder_in_use_is_refused_at_once_naming_the_holder(command, tmp_path, capsys):
+    # Two runs appending to one folder would each redo the other's samples (16 records for 8).
+    import subprocess
+    import sys
+    import time
+
+    from lola.io.outputs import RUN_FILE
+
+    out = tmp_path / "busy"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from lola.io.outputs import run_lock; import time\nwith run_lock({str(out)!r}, 'lola niah'):\n    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = {
+            "niah": [*FULL_NIAH, "--out", str(out)],
+            "probe": ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "hybrid", "--out", str(out)],
+            "linearize": ["linearize", "--quick", "--out", str(out)],
+        }[command]
+        start = time.monotonic()
+        err = refused(capsys, argv, f"{out} is in use by lola niah (pid {holder.pid}", "wait for it to finish, or write to another folder")
+        assert time.monotonic() - start < 30 and err  # at once, not after the write lock's wait
+        assert sorted(p.name for p in out.iterdir()) == [RUN_FILE]  # nothing of the second run written
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_probe_records_without_the_probe_file_naming_their_run_are_refused(tmp_path, capsys):
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / "probe.jsonl").write_text('{"method": "hybrid", "length": 400, "index": 0, "layers": {}}\n')
+    argv = ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "hybrid", "--out", str(out)]
+    refused(capsys, argv, "probe.jsonl has no probe.json beside it")
+    assert sorted(p.name for p in out.iterdir()) == ["probe.jsonl"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lola.errors import about, describe_validation, option_name, report
+from lola.io.outputs import check_free
 from lola.limits import MAX_TOKENS
 from lola.methods import check_lola_options
 from lola.provenance import DISTRIBUTION
@@ -164,6 +165,7 @@ def _niah(args: argparse.Namespace) -> int:
     check_lola_options(options, run.methods)
     out = args.out or f"results/niah-{run.task}"
     check_out_folder(out, run)  # unwritable, foreign, another run's or damaged: refused before loading
+    check_free(out, "lola niah")  # another run in it: refused before loading
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
@@ -207,6 +209,7 @@ def _probe(args: argparse.Namespace) -> int:
     from lola.io.outputs import check_output_folder
 
     check_output_folder(out)  # a file or an unwritable place: refused before loading
+    check_free(out, "lola probe")  # another run in it, too
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
@@ -234,6 +237,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from lola.io.outputs import check_output_folder
 
     check_output_folder(out)  # before loading, as every command's sizes and places
+    check_free(out, "lola sweep")
     from lola import models
 
     with about("--model"):
@@ -324,6 +328,8 @@ def _linearize(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check_text_sources((cfg1 or cfg2).text)
     _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)
+    if os.environ.get("RANK", "0") == "0":
+        check_free(out, "lola linearize")
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
         from lola.pretrained.folder import CONFIG_FILE, read_feature_maps
         from lola.pretrained.shipped import SHIPPED
@@ -340,12 +346,21 @@ def _linearize(args: argparse.Namespace) -> int:
     with about("--model"):
         model, tok = models.load(model_name)
     args.interrupted_hint = f"run the same command again to resume from the last checkpoint in {args.out}"
-    if cfg1 is not None and cfg2 is not None and (out / FINETUNE_CHECKPOINT_FILE).is_file():
-        print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
-    elif cfg1 is not None:
-        linearize(model, tok, cfg1, args.out, model_name=model_name)
-    if cfg2 is not None:
-        finetune(model, tok, cfg2, args.out, maps=args.feature_maps, model_name=model_name)
+    import contextlib
+
+    from lola.io.outputs import run_lock
+
+    # One run per folder: a second is refused at once. The ranks of one distributed run share
+    # it: the first holds the lock for all (the others write nothing of their own there).
+    main_rank = os.environ.get("RANK", "0") == "0"
+    with run_lock(out, "lola linearize") if main_rank else contextlib.nullcontext():
+        _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)  # again, under the lock
+        if cfg1 is not None and cfg2 is not None and (out / FINETUNE_CHECKPOINT_FILE).is_file():
+            print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
+        elif cfg1 is not None:
+            linearize(model, tok, cfg1, args.out, model_name=model_name)
+        if cfg2 is not None:
+            finetune(model, tok, cfg2, args.out, maps=args.feature_maps, model_name=model_name)
     print(f"linearized: {args.out} (use with --feature-maps {args.out})")
     return 0
 

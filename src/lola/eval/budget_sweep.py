@@ -123,7 +123,15 @@ def _label(budget: str) -> str:
 
 
 def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True, batch_size: int = 1) -> list[dict]:
-    """Run (or resume) every point of ``sweep``; returns the rows of ``sweep.json``."""
+    """Run (or resume) every point of ``sweep``; returns the rows of ``sweep.json``. One run per
+    folder (:func:`lola.io.outputs.run_lock`)."""
+    from lola.io.outputs import run_lock
+
+    with run_lock(out_dir, "lola sweep"):
+        return _run_sweep(sweep, model, tokenizer, out_dir, progress, batch_size)
+
+
+def _run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool, batch_size: int) -> list[dict]:
     from lola.eval.niah_execution import run_niah
     from lola.eval.niah_report import summarize
     from lola.io.outputs import write_files

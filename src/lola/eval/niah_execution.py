@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -96,28 +95,31 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
             "give --positions bounded (every method but full) or shorter --lengths"
         )
     prompts = niah_prompts(run, tokenizer)
-    out.mkdir(parents=True, exist_ok=True)
-    results_path = out / RESULTS_FILE
-    reason = f"past the model's {max_positions} positions"
-    records = list(done.values()) + [refused_record(m, n, reason) for m, n in refused]
-    _write_results(results_path, run, records, effective, inputs)  # claims the folder; a resume keeps its summary
-    samples_path = out / SAMPLES_FILE
-    todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done and (m, n) not in refused]
-    total = (len(configs) * len(run.lengths) - len(refused)) * run.samples
-    bar = tqdm(total=total, initial=total - len(todo), desc="niah", disable=not progress)
-    try:
-        _generate_all(run, model, tokenizer, configs, todo, prompts, samples_path, records, bar, batch_size, pad_id, maps)
-    except BaseException:  # interrupted or failed: results.json still summarises every saved sample
-        bar.close()
+    from lola.io.outputs import run_lock
+
+    with run_lock(out, "lola niah"):  # one run per folder: a second is refused at once
+        results_path = out / RESULTS_FILE
+        reason = f"past the model's {max_positions} positions"
+        done = check_out_folder(out, run, model)  # again, under the lock: what a run before this one finished
+        records = list(done.values()) + [refused_record(m, n, reason) for m, n in refused]
+        _write_results(results_path, run, records, effective, inputs)  # claims the folder; a resume keeps its summary
+        samples_path = out / SAMPLES_FILE
+        todo = [(m, n, i) for m in configs for n in run.lengths for i in range(run.samples) if (m, n, i) not in done and (m, n) not in refused]
+        total = (len(configs) * len(run.lengths) - len(refused)) * run.samples
+        bar = tqdm(total=total, initial=total - len(todo), desc="niah", disable=not progress)
         try:
-            _write_results(results_path, run, records, effective, inputs)
-        except Exception:  # noqa: S110 - the original error is the one to report
-            pass
-        raise
-    bar.close()
-    _write_results(results_path, run, records, effective, inputs)
-    plot_results(records, out)
-    return records
+            _generate_all(run, model, tokenizer, configs, todo, prompts, samples_path, records, bar, batch_size, pad_id, maps)
+        except BaseException:  # interrupted or failed: results.json still summarises every saved sample
+            bar.close()
+            try:
+                _write_results(results_path, run, records, effective, inputs)
+            except Exception:  # noqa: S110 - the original error is the one to report
+                pass
+            raise
+        bar.close()
+        _write_results(results_path, run, records, effective, inputs)
+        plot_results(records, out)
+        return records
 
 
 def _generate_all(
@@ -141,6 +143,7 @@ def _generate_all(
     from lola.eval.niah import string_match_all
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
     from lola.io.outputs import check_target, write_files
+    from lola.io.records import append_record, drop_cut_record
 
     samples_path = Path(samples_path)
     check_target(samples_path, writer="lola niah")  # appended to: never through a link
@@ -148,6 +151,7 @@ def _generate_all(
         # A hard link (`cp -al` snapshot): appending would write into every copy. Rewritten
         # atomically first, the file becomes this folder's own.
         write_files(samples_path.parent, {samples_path.name: samples_path.read_bytes()}, writer="lola niah")
+    drop_cut_record(samples_path)  # a record a kill cut short: redone, not appended to
     with open(samples_path, "a") as log:
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
@@ -183,8 +187,7 @@ def _generate_all(
                             "seconds": seconds,
                             "tokens_per_second": tokens / seconds,
                         }
-                        log.write(json.dumps(rec) + "\n")
-                        log.flush()
+                        append_record(log, rec)
                         records.append(rec)
                         bar.update(1)
             finally:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from lola.config import validation_summary
 from lola.eval.niah_report import summarize, summarize_by_depth
 from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
+from lola.io.records import complete_lines
 from lola.methods import method_name
 from lola.provenance import versions
 
@@ -105,16 +106,15 @@ def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, i
         raise ValueError(f"{path} is not a lola niah samples file: not UTF-8 text ({err.reason} at byte {err.start})") from None
     context = {"run": run, "methods": list(method_configs(run)) if run is not None else None}
     lines: dict[tuple[str, int, int], int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    # A last line without its newline was cut short by a kill: not a record (the run that
+    # resumes drops it and redoes that sample, lola.io.records).
+    for number, line in enumerate(complete_lines(text), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{path}: line {number} is not a complete JSON record ({err.msg}), e.g. a sample cut short by a crash; "
-                "delete that line and run again to redo that sample"
-            ) from None
+            raise ValueError(f"{path}: line {number} is not a JSON record ({err.msg}); delete that line and run again to redo that sample") from None
         except ValueError as err:  # a key given twice: json would keep the last silently
             raise ValueError(f"{path}: line {number} is not a lola niah sample ({err}); delete that line to redo that sample") from None
         try:

@@ -31,6 +31,7 @@ import torch
 from pydantic import ValidationError
 
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs
+from lola.io.records import append_record, complete_lines, drop_cut_record
 from lola.methods import method_name
 from lola.provenance import versions
 
@@ -113,14 +114,11 @@ def _read_records(path: Path) -> dict[tuple[str, int, int], dict]:
     kill is dropped (its sample runs again), any other unreadable line is an error naming it."""
     if not path.is_file():
         return {}
-    lines = path.read_text().splitlines()
     out = {}
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(complete_lines(path.read_text()), 1):  # a last line cut short is no record
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
-            if number == len(lines):
-                break
             raise ValueError(f"{path}: line {number} is not a probe record; remove the folder or choose another --out") from None
         r["method"] = method_name(r["method"], warn=False) if isinstance(r.get("method"), str) else r.get("method")
         out[(r["method"], r["length"], r["index"])] = r
@@ -152,6 +150,10 @@ def _claim(out: Path, run: NiahRun) -> None:
             raise ValueError(f"{path} is not a lola probe file; choose another --out")
         if not _same_run(saved.get("run"), run):
             raise ValueError(f"{out} holds a probe of other options; rerun with the same options to resume, or choose another --out")
+    elif (out / RECORDS_FILE).exists() or (out / RECORDS_FILE).is_symlink():
+        # Records with no probe.json naming their run: another run's, or written by hand, would
+        # be reported as this run's.
+        raise ValueError(f"{out / RECORDS_FILE} has no {PROBE_FILE} beside it naming the run it belongs to: move it away or choose another --out")
     body = json.dumps(
         {
             "format": PROBE_FORMAT,
@@ -166,7 +168,15 @@ def _claim(out: Path, run: NiahRun) -> None:
 
 def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True) -> list[dict]:
     """Probe every LoLA method of ``run`` (``full`` and ``window`` have no state and are skipped)
-    on its prompts; resumes from ``out_dir/probe.jsonl``. Returns every record."""
+    on its prompts; resumes from ``out_dir/probe.jsonl``. Returns every record. One run per
+    folder (:func:`lola.io.outputs.run_lock`)."""
+    from lola.io.outputs import run_lock
+
+    with run_lock(out_dir, "lola probe"):
+        return _run_probe(run, model, tokenizer, out_dir, progress)
+
+
+def _run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool) -> list[dict]:
     from tqdm.auto import tqdm
 
     from lola.eval.niah import string_match_all
@@ -193,6 +203,7 @@ def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pro
     todo = [(m, n, i) for m in configs for (n, i) in prompts if (m, n, i) not in done]
     records = list(done.values())
     bar = tqdm(total=len(configs) * len(prompts), initial=len(records), desc="probe", disable=not progress)
+    drop_cut_record(records_path)  # a record a kill cut short: redone, not appended to
     with open(records_path, "a") as log:
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
@@ -211,8 +222,7 @@ def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pro
                         "score": string_match_all(rec["prediction"], sample.answers),
                         **rec,
                     }
-                    log.write(json.dumps(rec) + "\n")
-                    log.flush()
+                    append_record(log, rec)
                     records.append(rec)
                     bar.update(1)
             finally:

@@ -64,6 +64,9 @@ PENDING_FILE = ".lola-pending.json"
 recorded is someone's since, and is never replaced by recovery."""
 
 LOCK_WAIT = 60.0
+
+RUN_FILE = ".lola-run.json"
+"""Who holds a folder for a whole run (:func:`run_lock`): its pid, command and start time."""
 """Seconds a write waits for another process's write into the same folder before refusing."""
 
 FileContent = Union[bytes, str, Callable[[Path], None]]
@@ -303,6 +306,57 @@ def check_target(path: Path, ours: Callable[[Path], bool] | None = None, writer:
         raise ValueError(f"{path} exists and was not written by {writer}; move it away or choose another place")
 
 
+class FolderBusy(ValueError):
+    """Another process holds the folder's lock."""
+
+
+@contextmanager
+def run_lock(folder: str | os.PathLike, writer: str) -> Iterator[None]:
+    """Hold ``folder`` (created if missing) for a whole run: a second run on the same folder,
+    in this process or another, is refused at once, naming the folder and the run that holds
+    it (two runs appending to one record file would each redo the other's samples).
+
+    The lock is :func:`folder_lock`'s (so the run's own writes re-enter it); the holder is
+    described in :data:`RUN_FILE` for the message, and that file is removed at the end.
+
+    Raises:
+        ValueError: another run holds the folder.
+    """
+    folder = Path(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(folder)
+    if getattr(_held, "folders", {}).get(key):  # this thread already runs in it: a run inside a run
+        raise ValueError(f"{writer}: {folder} is already in use by a run of this process; choose another folder")
+    holder = folder / RUN_FILE
+    lock = folder_lock(folder, writer, wait=0)
+    try:
+        lock.__enter__()
+    except FolderBusy:
+        try:
+            who = json.loads(holder.read_text())
+            desc = f"{who['command']} (pid {who['pid']}, started {who['started']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            desc = "another process"
+        raise ValueError(f"{writer}: {folder} is in use by {desc}; wait for it to finish, or write to another folder") from None
+    try:
+        holder.write_text(json.dumps({"pid": os.getpid(), "command": writer, "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+        yield
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.__exit__(None, None, None)
+        if created and not any(folder.iterdir()):  # a run refused before writing leaves no folder behind
+            folder.rmdir()
+
+
+def check_free(folder: str | os.PathLike, writer: str) -> None:
+    """Refuse ``folder`` if another run holds it now (:func:`run_lock`), before a command loads
+    its model; the run itself takes the lock when it starts writing. A missing folder is free."""
+    if Path(folder).is_dir():
+        with run_lock(folder, writer):
+            pass
+
+
 _held = threading.local()  # folders this thread holds the lock of: {real path: count} (re-entrant)
 
 
@@ -347,7 +401,7 @@ def folder_lock(folder: str | os.PathLike, writer: str = "lola", wait: float | N
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise ValueError(
+                    raise FolderBusy(
                         f"{writer}: {folder} is busy: another process has been writing into it for {limit:g} s; "
                         "try again when it has finished (or write to another folder)"
                     ) from None

@@ -412,3 +412,12 @@ def test_written_files_get_the_users_permissions(tmp_path, umask):
     finally:
         os.umask(previous)
     assert {oct(f.stat().st_mode & 0o777) for f in files} == {oct(0o666 & ~umask)}
+
+
+def test_sweep_leaves_a_sweep_json_it_did_not_write_alone(tmp_path, capsys, no_model):
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "sweep.json").write_text('{"mine": true}\n')
+    before = snapshot(out)
+    refused(capsys, ["sweep", "--model", "tiny-random-llama", "--out", str(out)], "sweep.json exists and was not written by lola sweep")
+    assert snapshot(out) == before

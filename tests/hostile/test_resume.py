@@ -417,7 +417,7 @@ def test_lola_linearize_stage2_refuses_its_checkpoint_after_stage1_is_retrained(
     assert main([*LINEARIZE, "--stage", "2", "--stage2-steps", "2", "--out", out]) == 0  # its own output: resumed
     assert "resuming stage 2 from step 1" in capsys.readouterr().out
     # Two steps more (the first step of an extended run has the old schedule's last rate, 0).
-    assert main([*LINEARIZE, *STAGE1, "--steps", "3", "--out", out]) == 0
+    assert main([*LINEARIZE, *STAGE1, "--steps", "3", "--out", out, "--overwrite"]) == 0
     capsys.readouterr()
     refused(capsys, [*LINEARIZE, "--stage", "2", "--stage2-steps", "3", "--out", out], "other stage-1 feature maps", "delete checkpoint-stage2.pt")
 
@@ -789,3 +789,28 @@ def test_probe_records_without_the_probe_file_naming_their_run_are_refused(tmp_p
     argv = ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "hybrid", "--out", str(out)]
     refused(capsys, argv, "probe.jsonl has no probe.json beside it")
     assert sorted(p.name for p in out.iterdir()) == ["probe.jsonl"]
+
+
+def test_linearize_over_a_finished_run_replaces_nothing_without_overwrite(tmp_path, capsys):
+    # Both stages finished: stage 1 again (other --steps) wrote new maps and deleted the
+    # adapters and their report without a word.
+    from lola.cli import main
+
+    out = tmp_path / "lin"
+    assert main(["linearize", "--quick", "--out", str(out)]) == 0
+    capsys.readouterr()
+    before = snapshot(out)
+    refused(
+        capsys,
+        ["linearize", "--quick", "--stage", "1", "--steps", "9", "--out", str(out)],
+        "holds a finished run",
+        "delete the stage-2 adapters",
+        "--overwrite",
+    )
+    assert snapshot(out) == before
+    (out / "checkpoint-stage2.pt").unlink()  # without its checkpoint, stage 2 would start over
+    before = snapshot(out)
+    refused(capsys, ["linearize", "--quick", "--stage", "2", "--out", str(out)], "stage 2 would train again from the start", "--overwrite")
+    assert snapshot(out) == before
+    assert main(["linearize", "--quick", "--stage", "1", "--steps", "9", "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "lora.safetensors").exists()  # asked for: the adapters of the old maps go with them

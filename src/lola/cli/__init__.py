@@ -238,6 +238,10 @@ def _sweep(args: argparse.Namespace) -> int:
 
     check_output_folder(out)  # before loading, as every command's sizes and places
     check_free(out, "lola sweep")
+    from lola.eval.budget_sweep import is_sweep_file
+    from lola.io.outputs import check_target
+
+    check_target(Path(out) / SWEEP_FILE, is_sweep_file, "lola sweep")  # another tool's sweep.json
     from lola import models
 
     with about("--model"):
@@ -250,10 +254,12 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | None = None) -> None:
+def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | None = None, overwrite: bool = False) -> None:
     """Refuse a ``lola linearize --out`` folder that cannot be written, holds another tool's
     ``lola_config.json``, or holds a damaged or mismatched checkpoint of a stage that will run
-    (for stage 2 alone, one of stage-1 maps other than ``stage1_maps``)."""
+    (for stage 2 alone, one of stage-1 maps other than ``stage1_maps``); and, unless
+    ``overwrite``, a finished run that a stage would train again from the start (its maps, or
+    its adapters, replaced; stage 1 trained again deletes the adapters made on the old maps)."""
     from lola.io.outputs import check_output_folder, read_json
     from lola.linearize.checkpoint import load_checkpoint, run_inputs
     from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
@@ -275,6 +281,24 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | Non
         load_checkpoint(stage2_ckpt, cfg2, "--stage2-steps", inputs)
     elif cfg1 is not None and (out / CHECKPOINT_FILE).is_file():
         load_checkpoint(out / CHECKPOINT_FILE, cfg1, "--steps")
+    if overwrite:
+        return
+    from lola.pretrained.folder import FEATURE_MAPS_FILE, FINETUNE_REPORT_FILE, REPORT_FILE
+    from lola.pretrained.lora import LORA_FILE
+
+    held = [n for n in (FEATURE_MAPS_FILE, REPORT_FILE, LORA_FILE, FINETUNE_REPORT_FILE) if (out / n).exists()]
+    stage1_writes = cfg1 is not None and not (cfg2 is not None and stage2_ckpt.is_file())  # else "stage 1: done"
+    # Continuing a stage from its checkpoint extends that run; training one from the start over
+    # its finished output, or new maps under adapters made on the old ones, replaces lola's own.
+    if stage1_writes and (out / LORA_FILE).exists():
+        why = "stage 1 would write new feature maps and delete the stage-2 adapters made on the old ones"
+    elif stage1_writes and (out / REPORT_FILE).exists() and not (out / CHECKPOINT_FILE).is_file():
+        why = "stage 1 would train again from the start and replace its feature maps (run --stage 2 to go on from them)"
+    elif cfg1 is None and cfg2 is not None and (out / FINETUNE_REPORT_FILE).exists() and not stage2_ckpt.is_file():
+        why = "stage 2 would train again from the start and replace its adapters"
+    else:
+        return
+    raise ValueError(f"{out} holds a finished run ({', '.join(held)}): {why}; pass --overwrite to do so, or write to another --out")
 
 
 def _check_stage_options(args: argparse.Namespace) -> None:
@@ -327,7 +351,7 @@ def _linearize(args: argparse.Namespace) -> int:
         raise ValueError(describe_validation(err, lambda f: option_name(stage2_dests.get(f, f)))) from None
     out = Path(args.out)
     _check_text_sources((cfg1 or cfg2).text)
-    _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)
+    _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out, overwrite=args.overwrite)
     if os.environ.get("RANK", "0") == "0":
         check_free(out, "lola linearize")
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
@@ -354,7 +378,7 @@ def _linearize(args: argparse.Namespace) -> int:
     # it: the first holds the lock for all (the others write nothing of their own there).
     main_rank = os.environ.get("RANK", "0") == "0"
     with run_lock(out, "lola linearize") if main_rank else contextlib.nullcontext():
-        _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)  # again, under the lock
+        _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out, overwrite=args.overwrite)  # again, under the lock
         if cfg1 is not None and cfg2 is not None and (out / FINETUNE_CHECKPOINT_FILE).is_file():
             print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
         elif cfg1 is not None:
@@ -644,6 +668,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g2.add_argument(
         "--from-lora", dest="from_lora", action="store_true", help="continue from the LoRA weights of --feature-maps (a stage-2 folder or shipped name)"
+    )
+    lin.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train again over a finished --out folder, replacing its maps (training stage 1 again deletes the stage-2 adapters made on the old maps)",
     )
     lin.add_argument("--quick", action="store_true", help="a few short steps of both stages on a tiny random model (smoke test)")
     lin.set_defaults(func=_linearize)

@@ -33,6 +33,7 @@ __all__ = ["BudgetSweep", "PAPER_FOOTPRINT", "format_sweep", "point_run", "run_s
 PAPER_FOOTPRINT = {"sinks": 4, "window": 252, "sparse_size": 768}
 """The ``paper`` budget: the LoLA authors' exact tokens per K/V head on SmolLM2's geometry."""
 SWEEP_FILE = "sweep.json"
+SWEEP_FORMAT = "lola-budget-sweep"
 
 
 class BudgetSweep(BaseModel):
@@ -118,6 +119,17 @@ def point_run(sweep: BudgetSweep, haystack: str, length: int, budget: str, prose
     )
 
 
+def is_sweep_file(path: Path) -> bool:
+    """Whether ``path`` holds a ``sweep.json`` that ``lola sweep`` wrote (and may replace)."""
+    from lola.io.outputs import read_json
+
+    try:
+        data = read_json(Path(path), "a lola sweep file")
+    except (ValueError, OSError):
+        return False
+    return isinstance(data, dict) and data.get("format") == SWEEP_FORMAT
+
+
 def _label(budget: str) -> str:
     return budget.replace("/", "-")
 
@@ -134,10 +146,11 @@ def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pat
 def _run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool, batch_size: int) -> list[dict]:
     from lola.eval.niah_execution import run_niah
     from lola.eval.niah_report import summarize
-    from lola.io.outputs import write_files
+    from lola.io.outputs import check_target, write_files
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    check_target(out / SWEEP_FILE, is_sweep_file, "lola sweep")  # another tool's sweep.json: refused before any point runs
     prose = None
     if "prose" in sweep.haystacks:
         from pydoc_data.topics import topics
@@ -163,8 +176,8 @@ def _run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pa
                     if "refused" in cell:  # full attention past the model's context: no point to draw
                         continue
                     rows.append({"haystack": haystack, "length": length, "budget": budget, "exact_tokens": exact, "method": method, **cell})
-                body = json.dumps({"format": "lola-budget-sweep", "sweep": json.loads(sweep.model_dump_json()), "versions": versions(), "rows": rows}, indent=1)
-                write_files(out, {SWEEP_FILE: body + "\n"}, writer="lola sweep")
+                body = json.dumps({"format": SWEEP_FORMAT, "sweep": json.loads(sweep.model_dump_json()), "versions": versions(), "rows": rows}, indent=1)
+                write_files(out, {SWEEP_FILE: body + "\n"}, ours=is_sweep_file, writer="lola sweep")
     plot_sweep(rows, out)
     return rows
 

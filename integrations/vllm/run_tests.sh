@@ -48,9 +48,25 @@ config = json.load(open(sys.argv[1]))
 config.update(architectures=["LoLALlamaForCausalLM"], lola=CONFIGS["softmax_only"])
 json.dump(config, open(sys.argv[1], "w"), indent=2)
 PY
+# bounded positions: the tiny model with a 256-position context, exported for vLLM with
+# positions='bounded' (test_bounded.py asks it past its context)
+"$venv/bin/python" - "$work/tiny-llama" "$work/tiny-llama-short" <<'PY'
+import json, shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2])
+config = json.load(open(f"{sys.argv[2]}/config.json"))
+config["max_position_embeddings"] = 256
+json.dump(config, open(f"{sys.argv[2]}/config.json", "w"), indent=2)
+PY
+"$venv/bin/python" -c "import json, sys; sys.path.insert(0, '$here/tests'); from cases import BOUNDED; json.dump(BOUNDED, open('$work/bounded.json', 'w'))"
+"$lola_python" -m lola.cli export --model "$work/tiny-llama-short" --config "$work/bounded.json" --vllm --out "$work/tiny-bounded" > /dev/null
+(cd "$here/tests" && "$lola_python" reference.py "$work/tiny-bounded" "$work/tiny-bounded.json" bounded)
 
 echo "== tests"
 cd "$here/tests"
+echo "-- bounded positions past the context: tiny-bounded"
+HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CACHE_ROOT="$work/vllm-cache" \
+  LOLA_VLLM_MODEL="$work/tiny-bounded" LOLA_VLLM_REFERENCE="$work/tiny-bounded.json" \
+  timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider test_bounded.py
 # one vLLM engine per process: the module runs once per (model, case)
 for run in tiny-llama:softmax_only tiny-llama:lolcats smollm2-linearized:saved; do
   model="${run%%:*}" case="${run##*:}"

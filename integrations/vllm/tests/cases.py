@@ -16,7 +16,12 @@ CONFIGS = {
     # the tiny model exported with the lolcats config and LoLA parameters that differ per head
     # (make_tiny_trained.py): a rank must load its own heads' slice
     "tiny-saved": None,
+    # the tiny model with a 256-position context exported with BOUNDED (test_bounded.py)
+    "bounded": None,
 }
+# bounded positions, limits inside the tiny model's 256 positions: prompts of 600 and 900 bytes
+# (tokens, byte-level) read the sinks and sparse tokens at re-assigned positions
+BOUNDED = {"window": 32, "sparse_size": 16, "sinks": 4, "chunk": 16, "mixing": "lolcats", "positions": "bounded", "exact_distance": 128, "state_positions": 128}
 
 
 def close_logprobs(outputs, expected: list, tolerance: float = 2e-3) -> float:
@@ -36,4 +41,6 @@ def prompts(case: str) -> list[str]:
     """The prompts of ``case``: a saved (exported) model is a real one with BPE tokens, so one
     prompt is long enough (about 450 tokens) to fill window and sparse cache and fold tokens into
     the trained linear state."""
+    if case == "bounded":  # past the model's 256 positions
+        return [(BASE * 10)[:600], (BASE * 14)[:900]]
     return PROMPTS + [BASE * 30] if case == "saved" else PROMPTS

@@ -73,7 +73,7 @@ def test_the_command_writes_a_folder_and_replaces_only_its_own(tmp_path, capsys)
     assert "--out" in capsys.readouterr().err and (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
 
-def test_bounded_positions_export_for_transformers_and_are_refused_for_vllm(tmp_path):
+def test_bounded_positions_export_for_transformers_and_for_vllm(tmp_path):
     model, tok = tiny_random()
     bounded = CFG.model_copy(update={"positions": "bounded"})
     export_pretrained(model, tok, tmp_path / "out", bounded)
@@ -81,6 +81,10 @@ def test_bounded_positions_export_for_transformers_and_are_refused_for_vllm(tmp_
     cfg = loaded._lola.config
     assert (cfg.positions, cfg.exact_distance, cfg.state_positions) == ("bounded", 8192 - 4, 8192)  # the limits it was exported with
     assert loaded._lola.modules[0].positions is not None
-    with pytest.raises(ValueError, match="lola-attention-vllm plug-in does not read bounded positions yet"):
-        export_pretrained(model, tok, tmp_path / "vllm", bounded, vllm=True)
-    assert not (tmp_path / "vllm" / "config.json").exists()
+    export_pretrained(model, tok, tmp_path / "vllm", bounded, vllm=True)
+    saved = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    # vLLM takes a max_model_len past max_position_embeddings only up to model_max_length
+    assert saved["model_max_length"] > saved["max_position_embeddings"] and saved["architectures"] == ["LoLALlamaForCausalLM"]
+    assert (saved["lola"]["config"]["exact_distance"], saved["lola"]["config"]["state_positions"]) == (8192 - 4, 8192)
+    export_pretrained(model, tok, tmp_path / "vllm-absolute", CFG, vllm=True)
+    assert "model_max_length" not in json.loads((tmp_path / "vllm-absolute" / "config.json").read_text())

@@ -29,10 +29,11 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
+from lola.core.positions import RotaryEmbedding
 from lola.engine.state_pages import clear_rows
 from lola.head_share import head_axes
 from lola.layer import compose
-from lola.pretrained.resolve import resolve_config
+from lola.pretrained.resolve import resolve_config, resolve_positions
 
 #: What the layers of this process ran (tests read it to see that LoLA, not a fallback, served).
 CALLS = {"decode_rows": 0, "prefill_seqs": 0, "prefill_batches": 0, "resets": 0, "page_binds": 0, "live_steps": 0}
@@ -71,13 +72,19 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             hidden_size, self.head_dim, num_heads, num_kv_heads, bias=bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj"
         )
         self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden_size, bias=bias_o_proj, quant_config=quant_config, prefix=f"{prefix}.o_proj")
-        self.rotary_emb = get_rope(
-            self.head_dim, max_position=max_position_embeddings, rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True
-        )
         layer = extract_layer_index(prefix)
         cfg = resolve_config(getattr(config, "lola", None)).for_layer(layer)  # lola's defaults, decided where lola decides them
+        # Bounded positions read every stream with positions the model was trained on, so the
+        # rotation itself must reach max_model_len (past the model's context; LoLAModelConfig
+        # refuses that for absolute positions).
+        reach = max(max_position_embeddings, vllm_config.model_config.max_model_len) if cfg.positions == "bounded" else max_position_embeddings
+        self.rotary_emb = get_rope(self.head_dim, max_position=reach, rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True)
+        rotary = None
+        if cfg.positions == "bounded":
+            cfg = resolve_positions(cfg, max_position_embeddings)  # limits a config leaves unset: from the model's context
+            rotary = rotation_of(self.rotary_emb, self.head_dim, reach)
         share = (rank * self.num_heads, (rank + 1) * self.num_heads) if tp > 1 else None
-        self.lola = compose(cfg, num_heads, self.head_dim, num_kv_heads, layer=layer, heads=share)
+        self.lola = compose(cfg, num_heads, self.head_dim, num_kv_heads, layer=layer, heads=share, rotary=rotary)
         if tp > 1:  # a checkpoint holds every head's LoLA parameters: each rank loads its slice
             for name, axis in head_axes(self.lola).items():
                 set_weight_attrs(self.lola.get_parameter(name), {"weight_loader": sharded_weight_loader(axis)})
@@ -191,6 +198,32 @@ class LoLALlamaAttention(nn.Module, MambaBase):
             mem.release_pages()  # the pages hold its state; the next step binds them anew
             for i, r in enumerate(rows):
                 out[spans[r][0] : spans[r][1]] = o[i].reshape(length, H * D)
+
+
+def rotation_of(rotary_emb: nn.Module, head_dim: int, reach: int) -> RotaryEmbedding:
+    """lola's :class:`~lola.core.positions.RotaryEmbedding` of vLLM's rotary module: its
+    frequencies (scaling applied), checked against vLLM's own rotation: moving a vector vLLM
+    rotated at ``n`` by ``Δ`` must equal vLLM's rotation at ``n + Δ``.
+
+    Raises:
+        ValueError: a rotary module whose frequencies cannot be read, or whose rotation a delta
+            does not reproduce (frequencies that change with the length, another layout).
+    """
+    compute, base = getattr(rotary_emb, "_compute_inv_freq", None), getattr(rotary_emb, "base", None)
+    name = type(rotary_emb).__name__
+    if compute is None or base is None or not getattr(rotary_emb, "is_neox_style", False):
+        raise ValueError(f"bounded positions need a rotate-half rotary embedding of fixed frequencies; vLLM's {name} is not one")
+    rotary = RotaryEmbedding(compute(base).float())
+    x = torch.randn(2, head_dim, generator=torch.Generator().manual_seed(0))
+    n, delta = 5, reach - 8
+    with torch.no_grad():
+        at_n, _ = rotary_emb.forward_native(torch.tensor([n, n + 1]), x.clone(), x.clone())
+        at_m, _ = rotary_emb.forward_native(torch.tensor([n + delta, n + 1 + delta]), x.clone(), x.clone())
+    moved = rotary.rotate(at_n.float(), torch.full((2,), delta))
+    err = float((moved - at_m.float()).norm() / at_m.float().norm().clamp_min(1e-30))
+    if not err < 1e-3:
+        raise ValueError(f"rotating by a position delta does not reproduce vLLM's {name} (relative error {err:.2g}): bounded positions are refused")
+    return rotary
 
 
 def served_heads(model: nn.Module) -> list[tuple[int, int, tuple]]:

@@ -21,8 +21,15 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
         cache = vllm_config.cache_config
         from lola.pretrained.resolve import resolve_config
 
-        if resolve_config(getattr(vllm_config.model_config.hf_config, "lola", None)).positions == "bounded":
-            raise ValueError("the lola-attention-vllm plug-in does not read bounded positions yet: serve a LoLA config with positions='absolute'")
+        hf_config = vllm_config.model_config.hf_config
+        context = getattr(hf_config, "max_position_embeddings", None)
+        max_len = vllm_config.model_config.max_model_len
+        if resolve_config(getattr(hf_config, "lola", None)).positions != "bounded" and isinstance(context, int) and max_len > context:
+            raise ValueError(
+                f"max_model_len {max_len} is past the model's {context} positions, which LoLA with absolute positions cannot read: "
+                "serve a config with positions='bounded' (lola export --vllm writes one from it) or max_model_len <= "
+                f"{context}"
+            )
         if vllm_config.speculative_config is not None:
             raise ValueError("LoLA layers keep constant-size state that cannot be rolled back: speculative decoding is not supported")
         tp = vllm_config.parallel_config.tensor_parallel_size

@@ -21,12 +21,18 @@ from typing import Any
 import torch
 
 from lola.config import LoLAConfig
+from lola.limits import MAX_TOKENS
 from lola.pretrained.model_entry import CONFIG_KEY, ENTRY_FORMAT
 
 __all__ = ["VLLM_ARCHITECTURE", "check_export_folder", "export_pretrained", "is_exported_folder"]
 
 VLLM_ARCHITECTURE = "LoLALlamaForCausalLM"
 """The architecture the ``lola-attention-vllm`` plug-in registers (``config.json``'s ``architectures``)."""
+
+BOUNDED_MAX_LENGTH = MAX_TOKENS
+"""``model_max_length`` of a vLLM export with bounded positions: vLLM refuses a ``max_model_len``
+past ``max_position_embeddings`` unless the config names a longer one, and a LoLA layer with
+bounded positions reads any length with positions the model was trained on."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,11 +117,7 @@ def export_pretrained(
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields), dtype=next(iter(weights.values())).dtype)
     plain.load_state_dict(weights)
     apply_lola(plain, config if config is not None else LoLAConfig(), feature_maps=feature_maps)
-    if vllm and plain._lola.config.positions == "bounded":
-        raise ValueError(
-            "the lola-attention-vllm plug-in does not read bounded positions yet: export for vLLM with positions='absolute' "
-            "(a config that sets it; the feature maps' read defaults fill it only where the config leaves it unset)"
-        )
+    bounded = plain._lola.config.positions == "bounded"
     plain.to(_DTYPES[dtype])
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".lola-export-", dir=out) as tmp:
@@ -124,7 +126,10 @@ def export_pretrained(
             tokenizer.save_pretrained(tmp)
         if vllm:  # save_pretrained writes the class it saves from: the plug-in's is named afterwards
             saved = Path(tmp) / "config.json"
-            saved.write_text(json.dumps({**json.loads(saved.read_text()), "architectures": [VLLM_ARCHITECTURE]}, indent=2) + "\n")
+            fields = {**json.loads(saved.read_text()), "architectures": [VLLM_ARCHITECTURE]}
+            if bounded:  # vLLM accepts a max_model_len up to this past max_position_embeddings
+                fields["model_max_length"] = BOUNDED_MAX_LENGTH
+            saved.write_text(json.dumps(fields, indent=2) + "\n")
         names = sorted(p.name for p in Path(tmp).iterdir() if p.is_file())
         names.sort(key=lambda name: name == "config.json")  # the file that makes the folder a model: last
         files = {name: (lambda dst, src=Path(tmp) / name: shutil.copyfile(src, dst)) for name in names}

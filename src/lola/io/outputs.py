@@ -41,17 +41,22 @@ from typing import Any, Union
 
 __all__ = [
     "FileContent",
+    "FolderBusy",
     "LOCK_WAIT",
     "PENDING_FILE",
+    "RUN_FILE",
     "TEMP_PREFIX",
+    "check_free",
     "check_output_file",
     "check_output_folder",
     "check_regular_file",
     "check_target",
+    "file_mode",
     "finish_pending",
     "folder_lock",
     "read_json",
     "read_mapping",
+    "run_lock",
     "write_files",
 ]
 

@@ -814,3 +814,26 @@ def test_linearize_over_a_finished_run_replaces_nothing_without_overwrite(tmp_pa
     assert snapshot(out) == before
     assert main(["linearize", "--quick", "--stage", "1", "--steps", "9", "--out", str(out), "--overwrite"]) == 0
     assert not (out / "lora.safetensors").exists()  # asked for: the adapters of the old maps go with them
+
+
+def test_a_run_recorded_with_a_relative_haystack_resumes_after_the_folder_moves(tmp_path, monkeypatch, capsys):
+    # Inputs are known by content: the saved relative path names nothing from another working
+    # folder, but the same bytes under the new path are the same run; other bytes are refused.
+    from pydoc_data.topics import topics
+
+    first = tmp_path / "a"
+    first.mkdir()
+    (first / "hay.txt").write_text(" ".join(topics.values()))
+    argv = ["niah", "--model", "tiny-random-llama", "--lengths", "600", "--samples", "1", "--methods", "full", "--max-new-tokens", "1"]
+    monkeypatch.chdir(first)
+    assert main([*argv, "--haystack-file", "hay.txt", "--out", "run"]) == 0
+    shutil.move(first, tmp_path / "b")
+    monkeypatch.chdir(tmp_path)
+    moved = tmp_path / "b"
+    before = (moved / "run" / "samples.jsonl").read_text()
+    assert main([*argv, "--haystack-file", str(moved / "hay.txt"), "--out", str(moved / "run")]) == 0
+    assert (moved / "run" / "samples.jsonl").read_text() == before  # resumed: nothing redone
+    (moved / "hay.txt").write_text(" ".join(reversed(list(topics.values()))))
+    capsys.readouterr()
+    assert main([*argv, "--haystack-file", str(moved / "hay.txt"), "--out", str(moved / "run")]) == 2
+    assert "--haystack-file" in capsys.readouterr().err

@@ -202,6 +202,19 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
             raise ValueError(f"{results} was not written by lola niah (no format marker {RESULTS_FORMAT!r}); move it away or use another --out")
         saved = data.get("run")
         if run is not None and saved is not None:
+            inputs = run_inputs(run, model)
+            # Inputs are recorded by content: a saved path that names what this run reads (the
+            # folder moved, another working folder, a relative path) is this run's path.
+            saved_inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
+            if isinstance(saved, dict):
+                saved = {
+                    **saved,
+                    **{
+                        f: getattr(run, f)
+                        for f in PATH_OPTIONS
+                        if saved.get(f) is not None and getattr(run, f) is not None and f in inputs and saved_inputs.get(f) == inputs[f]
+                    },
+                }
             try:
                 with warnings.catch_warnings():  # a method renamed since the run started: no warning for the file
                     warnings.simplefilter("ignore", FutureWarning)
@@ -209,7 +222,6 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
             except (ValidationError, TypeError) as err:
                 detail = validation_summary(err) if isinstance(err, ValidationError) else str(err)
                 raise ValueError(f"{results} holds a run this version of lola refuses ({detail}); use another --out") from None
-            inputs = run_inputs(run, model)
             saved_run = _same_content_paths(saved_run, run, data.get("inputs"), inputs)
             if saved_run != run:
                 raise ValueError(f"{out} holds a different run ({_run_changes(saved_run, run)}); resume with the same options or use another --out")

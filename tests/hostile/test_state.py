@@ -662,3 +662,31 @@ def test_a_layer_state_made_under_inference_mode_continues_outside_it():
         _, fresh = attn(q[:, :12], k[:, :12], v[:, :12])
         ref, _ = attn(q[:, 12:], k[:, 12:], v[:, 12:], state=fresh)
     assert torch.equal(o, ref) and not state.seen.is_inference()
+
+
+def test_pages_written_by_one_per_head_layout_are_refused_by_another():
+    # Pages of [4, 2] and of [2, 4] have the same shapes: bound by the other layout, a head
+    # would read another head's slots (and hold one position twice).
+    from lola.engine.state_pages import clear_rows
+
+    def make(sizes):
+        cfg = lola.LoLAConfig(window=2, sparse_size=3, sinks=1, chunk=2, sparse_size_per_head=sizes)
+        return compose(cfg, num_heads=2, head_dim=4, num_kv_heads=2)
+
+    writer, reader = make([4, 2]), make([2, 4])
+    state = writer.new_state()
+    layout = state.page_layout(2, 2, 4, writer.feature_dim, torch.float32)
+    assert layout == reader.new_state().page_layout(2, 2, 4, reader.feature_dim, torch.float32)  # the same shapes
+    pages = {key: torch.zeros(3, *shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+    rows = torch.tensor([1])
+    clear_rows(pages, rows)
+    state.bind_pages(pages, rows, seen=torch.tensor([0]))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        writer(*(torch.randn(1, 12, 2, 4, generator=g) for _ in range(3)), state=state)
+    state.release_pages()
+    other = reader.new_state()
+    with pytest.raises(ValueError, match=r"page 1 holds a state of per-head sparse sizes \[4, 2\], but this layer's are \[2, 4\]"):
+        other.bind_pages(pages, rows, seen=torch.tensor([12]))
+    again = writer.new_state()
+    again.bind_pages(pages, rows, seen=torch.tensor([12]))  # its own layout binds

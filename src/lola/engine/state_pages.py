@@ -91,7 +91,8 @@ def page_layout(
     """Each page's per-row shape and dtype: ``slots.k``, ``slots.v`` ``[Hs, N, D]`` (``dtype``),
     ``slots.pos`` ``[Hs, N]`` int64, ``slots.acc`` ``[Hs, N]`` float32 (policies that tally
     attention or keep scores), with per-head sparse sizes their run ``ragged.k``, ``ragged.v``
-    ``[1, Σ λ_h, D]``, ``ragged.pos`` ``[1, Σ λ_h]`` (and ``ragged.acc``), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
+    ``[1, Σ λ_h, D]``, ``ragged.pos`` ``[1, Σ λ_h]`` (and ``ragged.acc``) and ``ragged.head_sizes`` ``[Hs]`` int64
+    (the widths ``λ_h``, stamped by :func:`bind`), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
     statistics' tensors (policies that read them) and, with ``seen``, ``seen`` ``[]`` int64."""
     _require_bindable(memory)
     n = memory.slots.width
@@ -107,6 +108,9 @@ def page_layout(
         out.update({"ragged.k": ((1, run, head_dim), dtype), "ragged.v": ((1, run, head_dim), dtype), "ragged.pos": ((1, run), torch.long)})
         if keeps_tallies(memory.policy):
             out["ragged.acc"] = ((1, run), torch.float32)
+        # the widths the run is cut into, in head order: pages of other widths of the same
+        # total have the same shapes (stamped at bind, checked with check=True)
+        out["ragged.head_sizes"] = ((len(memory.slots.head_widths),), torch.long)
     out["linear.H"] = ((num_heads, feature_dim, head_dim), torch.float32)
     out["linear.s"] = ((num_heads, feature_dim), torch.float32)
     if memory.queries is not None:
@@ -190,6 +194,27 @@ def check_pages_content(pages: Mapping[str, torch.Tensor], rows: torch.Tensor, s
         )
 
 
+def _stamp_layout(page: torch.Tensor, rows: torch.Tensor, widths: list[int], check: bool) -> None:
+    """Write this layer's per-head widths into the layout page of ``rows``; with ``check``,
+    refuse rows that hold a state of other widths first (a cleared page holds zeros: not yet
+    stamped).
+
+    Raises:
+        ValueError: naming the page, its widths and this layer's.
+    """
+    want = torch.tensor(widths, dtype=torch.long, device=page.device)
+    if check:
+        held = page.index_select(0, rows)  # [B, Hs]
+        wrong = held.ne(0).any(-1) & held.ne(want).any(-1)
+        if bool(wrong.any()):
+            r = int(wrong.nonzero()[0, 0])
+            raise ValueError(
+                f"page {int(rows[r])} holds a state of per-head sparse sizes {held[r].tolist()}, but this layer's are {widths}: "
+                "a page binds only to the layout that wrote it (clear a new sequence's pages with clear_rows)"
+            )
+    page.index_copy_(0, rows, want.expand(rows.numel(), -1))
+
+
 def bind(memory: LayerState, pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None, check: bool = True) -> None:
     """Make ``memory``'s state the rows ``rows [B]`` of ``pages`` (see the module's text).
 
@@ -231,6 +256,8 @@ def bind(memory: LayerState, pages: Mapping[str, torch.Tensor], rows: torch.Tens
     _claim(memory, k, rows)
     if check:
         check_pages_content(pages, rows, pages["seen"].index_select(0, rows) if "seen" in pages else seen.to(device=k.device, dtype=torch.long))
+    if "ragged.head_sizes" in pages:
+        _stamp_layout(pages["ragged.head_sizes"], rows, list(memory.slots.head_widths), check)
     start = _contiguous_start(rows)
 
     def take(page: torch.Tensor) -> torch.Tensor:

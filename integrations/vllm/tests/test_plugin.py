@@ -114,7 +114,8 @@ def test_the_state_page_is_lolas_state_for_one_row(llm):
     for layer in range(layers):  # per-layer sizes (calibrated budgets) give pages of their own size
         attn = lola.compose(cfg.for_layer(layer), num_heads=h, head_dim=d, num_kv_heads=hkv, layer=layer)
         _, state = attn(torch.randn(1, 3, h, d), torch.randn(1, 3, hkv, d), torch.randn(1, 3, hkv, d))
-        expected.append(state.nbytes() - 8)  # all but the row's token count
+        layout = 8 * len(state.slots.head_widths) if state.slots.ragged_name is not None else 0  # per-head sizes: the layout page
+        expected.append(state.nbytes() - 8 + layout)  # all but the row's token count
     assert llm.apply_model(page_bytes) == [expected]
 
 

@@ -19,9 +19,9 @@ from lola.config import LoLAConfig
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial
 from lola.core.positions import BoundedPositions, RotaryEmbedding
 from lola.engine.composer import LoLAMemory
+from lola.io.provenance import DISTRIBUTION, __version__
 from lola.layer import LoLAAttention, compose, memory_from_config
 from lola.memory.allocation import max_state_bytes, set_max_state_bytes
-from lola.provenance import DISTRIBUTION, __version__
 
 _moved.install()  # the old names of modules that moved into packages
 

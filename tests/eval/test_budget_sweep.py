@@ -5,8 +5,8 @@ import pytest
 from lola.cli import main
 from lola.eval.budget_sweep import PAPER_FOOTPRINT, BudgetSweep, point_run, run_sweep
 from lola.eval.runner import method_configs
+from lola.io.provenance import versions
 from lola.models import tiny_random
-from lola.provenance import versions
 
 SWEEP = BudgetSweep(model="tiny-random-llama", feature_maps="none", lengths=[600], budgets=["1/8", "1/4"], haystacks=["noise", "prose"], samples=1)
 

@@ -6,7 +6,7 @@ import torch
 import lola
 from lola.cli import main
 from lola.eval.runner import NiahRun, method_configs, run_niah, summarize
-from lola.provenance import versions
+from lola.io.provenance import versions
 from tests.integrations.transformers.conftest import tiny
 
 

@@ -10,8 +10,8 @@ from lola.eval.niah import make_sample
 from lola.eval.runner import NiahRun
 from lola.eval.state_probe import RECORDS_FILE, needle_positions, probe_prompt, run_probe, summarize_probe
 from lola.integrations.transformers import apply_lola, remove_lola
+from lola.io.provenance import versions
 from lola.models import tiny_random
-from lola.provenance import versions
 from tests.oracles import hybrid_exact_mask
 
 

@@ -8,10 +8,10 @@ import torch
 import lola
 from lola.cli import main
 from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
+from lola.io.provenance import versions
 from lola.linearize import LinearizeConfig, linearize, read_feature_maps
 from lola.linearize.transfer import CHECKPOINT_FILE
 from lola.models import tiny_random
-from lola.provenance import versions
 
 CFG = LinearizeConfig(steps=12, chunk_tokens=96, train_chunks=3, eval_chunks=1, window=8, checkpoint_every=4, lr=3e-2, text=["pydoc"])
 

@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 
 from lola.errors import about, describe_validation, option_name, report
 from lola.io.outputs import check_free
+from lola.io.provenance import DISTRIBUTION
 from lola.limits import MAX_TOKENS
 from lola.methods import check_lola_options
-from lola.provenance import DISTRIBUTION
 
 __all__ = ["main"]
 
@@ -456,7 +456,7 @@ def _perplexity(args: argparse.Namespace) -> int:
     print(format_perplexity(results))
     if args.out:
         from lola.io.outputs import write_files
-        from lola.provenance import versions
+        from lola.io.provenance import versions
 
         out = Path(args.out)
         body = json.dumps({"format": PERPLEXITY_FORMAT, "run": run.model_dump(), "versions": versions(), "results": results}, indent=2) + "\n"

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from lola.config import Tokens
 from lola.eval.demo import Seed
-from lola.provenance import versions
+from lola.io.provenance import versions
 
 __all__ = ["BudgetSweep", "PAPER_FOOTPRINT", "format_sweep", "point_run", "run_sweep"]
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator
 
+from lola.io.provenance import versions
 from lola.limits import MAX_TOKENS
-from lola.provenance import versions
 
 if TYPE_CHECKING:  # pragma: no cover
     from lola.budgets import HeadBudgets

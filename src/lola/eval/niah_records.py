@@ -13,9 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from lola.config import validation_summary
 from lola.eval.niah_report import summarize, summarize_by_depth
 from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
+from lola.io.provenance import versions
 from lola.io.records import complete_lines
 from lola.methods import method_name
-from lola.provenance import versions
 
 RESULTS_FORMAT = "lola-niah-results"
 """The ``format`` marker of ``results.json``: a results folder without it is not lola's."""

@@ -31,9 +31,9 @@ import torch
 from pydantic import ValidationError
 
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs
+from lola.io.provenance import versions
 from lola.io.records import append_record, complete_lines, drop_cut_record
 from lola.methods import method_name
-from lola.provenance import versions
 
 __all__ = ["PROBE_FILE", "RECORDS_FILE", "format_probe", "needle_positions", "probe_prompt", "run_probe", "summarize_probe"]
 

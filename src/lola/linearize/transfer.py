@@ -23,13 +23,13 @@ from lola.config import LoLAConfig
 from lola.data.text import TextOption, describe, encode, load_split, token_chunks
 from lola.eval.demo import Seed
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
+from lola.io.provenance import versions
 from lola.layer import LoLAAttention, compose
 from lola.linearize.checkpoint import run_inputs
 from lola.linearize.hybrid import hybrid_attention
 from lola.linearize.teacher import LayerActivations, collect_activations
 from lola.linearize.trainer import Trainer, start
 from lola.pretrained.folder import REPORT_FILE, model_geometry, write_feature_maps
-from lola.provenance import versions
 
 __all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize"]
 

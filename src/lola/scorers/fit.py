@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterator, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
+from lola.io.provenance import versions
 from lola.limits import MAX_TOKENS
-from lola.provenance import versions
 from lola.scorers import TokenScorer, token_features
 
 __all__ = [

@@ -7,7 +7,7 @@ import torch
 
 import lola
 from lola.integrations.transformers import LoLACache, apply_lola
-from lola.provenance import versions
+from lola.io.provenance import versions
 from tests.integrations.transformers.conftest import left_padded, tiny
 from tests.oracles import assert_rel_close
 

@@ -177,7 +177,7 @@ class LoLACache(Cache):
         from safetensors.torch import save
 
         from lola.io.outputs import check_target, write_files
-        from lola.provenance import versions
+        from lola.io.provenance import versions
 
         self.check_model()
         tensors: dict[str, torch.Tensor] = {}

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 import lola
-from lola import provenance
+from lola.io import provenance
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_version_has_one_source():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "lola.provenance.__version__"}
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "lola.io.provenance.__version__"}
     assert project["project"]["name"] == provenance.DISTRIBUTION
     assert lola.__version__ == provenance.__version__
     # The installed metadata (what pip shows) was read from the same place.
@@ -39,7 +39,7 @@ def test_versions_name_the_release_the_commit_and_what_ran():
     found = provenance.versions()
     assert set(found) == {"lola", "commit", "torch", "transformers", "python"} and found["lola"] == lola.__version__
     done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if done.returncode != 0 or not (ROOT / "src" / "lola" / "provenance.py").samefile(provenance.__file__):
+    if done.returncode != 0 or not (ROOT / "src" / "lola" / "io" / "provenance.py").samefile(provenance.__file__):
         pytest.skip("lola does not run from this repository's git checkout")
     assert found["commit"].removesuffix("+dirty") == done.stdout.strip()
 

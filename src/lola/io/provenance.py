@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 DISTRIBUTION = "lola-attention"
 """The name lola is installed by (``pip install lola-attention``); the import name is ``lola``."""
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # the lola package
 
 
 @functools.cache

@@ -352,7 +352,10 @@ def _linearize(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check_text_sources((cfg1 or cfg2).text)
     _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out, overwrite=args.overwrite)
-    if os.environ.get("RANK", "0") == "0":
+    # One run per folder: a second is refused at once. The ranks of one distributed run share
+    # it: the first holds the lock for all (the others write nothing of their own there).
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if main_rank:
         check_free(out, "lola linearize")
     if cfg1 is None:  # stage 2 alone: the stage-1 maps it starts from must be readable
         from lola.pretrained.folder import CONFIG_FILE, read_feature_maps
@@ -374,9 +377,6 @@ def _linearize(args: argparse.Namespace) -> int:
 
     from lola.io.outputs import run_lock
 
-    # One run per folder: a second is refused at once. The ranks of one distributed run share
-    # it: the first holds the lock for all (the others write nothing of their own there).
-    main_rank = os.environ.get("RANK", "0") == "0"
     with run_lock(out, "lola linearize") if main_rank else contextlib.nullcontext():
         _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out, overwrite=args.overwrite)  # again, under the lock
         if cfg1 is not None and cfg2 is not None and (out / FINETUNE_CHECKPOINT_FILE).is_file():

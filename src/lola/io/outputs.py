@@ -69,10 +69,10 @@ PENDING_FILE = ".lola-pending.json"
 recorded is someone's since, and is never replaced by recovery."""
 
 LOCK_WAIT = 60.0
+"""Seconds a write waits for another process's write into the same folder before refusing."""
 
 RUN_FILE = ".lola-run.json"
 """Who holds a folder for a whole run (:func:`run_lock`): its pid, command and start time."""
-"""Seconds a write waits for another process's write into the same folder before refusing."""
 
 FileContent = Union[bytes, str, Callable[[Path], None]]
 """What :func:`write_files` writes: bytes, text (UTF-8), or a function that writes the file at

@@ -273,3 +273,13 @@ def test_a_4d_mask_of_causal_attention_with_padding_is_honoured():
         four = model(x, attention_mask=mask).logits
         two = model(x, attention_mask=torch.tensor([[0, 0, 0] + [1] * 7])).logits
     assert torch.allclose(four[:, 3:], two[:, 3:], atol=1e-6, rtol=0)
+
+
+def test_packed_sequences_found_in_position_ids_are_refused():
+    # transformers builds a block-diagonal mask from position_ids that restart (no 2-D mask):
+    # lola's own mask function must not pass it as causal + padding.
+    from tests.hostile.common import ids, tiny_lola
+
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]])
+    with pytest.raises(ValueError, match=r"attention_mask: the 4-D mask is more than causal attention"):
+        tiny_lola()(ids(10), position_ids=positions, use_cache=False)

@@ -130,3 +130,39 @@ def test_errors():
         LoLACache(tiny("llama"))
     with pytest.raises(TypeError, match="LoLAConfig"):
         apply_lola(tiny("llama"), {"window": 3})
+
+
+def _masks_seen(model, monkeypatch):
+    """The 4-D masks the model's attention function receives, as a list filled by forwards."""
+    import lola.integrations.transformers.attention as attention
+
+    seen, read = [], attention.segment_padding_mask
+
+    def spy(mask, q_len):
+        seen.append(mask)
+        return read(mask, q_len)
+
+    monkeypatch.setattr(attention, "segment_padding_mask", spy)
+    return seen
+
+
+@pytest.mark.parametrize("full_layers", [[], [1]])
+def test_a_lola_only_model_gets_its_padding_as_a_view_not_a_whole_mask(monkeypatch, full_layers):
+    # Four rows of 64K tokens would build 16 GiB of bools; LoLA layers read only the diagonal.
+    model = apply_lola(tiny("llama"), SMALL.model_copy(update={"full_attention_layers": full_layers}))
+    ids, mask = left_padded(length=45)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    seen = _masks_seen(model, monkeypatch)
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask, position_ids=positions, cache=LoLACache(model)).logits
+    whole = [m for m in seen if m.stride(2) != 0]
+    assert (not whole) if not full_layers else whole  # a full-attention layer needs the causal mask
+    for row in range(ids.shape[0]):
+        keep = mask[row].bool()
+        with torch.no_grad():
+            alone = model(ids[row : row + 1, keep], cache=LoLACache(model)).logits
+        assert_rel_close(alone[0], batch[row, keep], 1e-4)
+    remove_lola(model)
+    from lola.integrations.transformers.attention import _PADDING_ONLY
+
+    assert id(model.config) not in _PADDING_ONLY

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from lola.config import LoLAConfig
-from lola.integrations.transformers.attention import ATTENTION_NAME, register_attention
+from lola.integrations.transformers.attention import ATTENTION_NAME, read_padding_only, register_attention
 from lola.integrations.transformers.generation import install_forward_check, install_generation_hook, remove_forward_check, remove_generation_hook
 from lola.integrations.transformers.merged import install_save_hook, remove_save_hook
 from lola.integrations.transformers.model_record import CONFIG_KEY, AppliedLoLA, config_entry
@@ -115,6 +115,7 @@ def apply_lola(
         modules=by_layer,
         fingerprint=_fingerprint(model, config, num_layers),
     )
+    read_padding_only(model.config, every_layer=not config.full_attention_layers)
     install_generation_hook(model)
     install_forward_check(model)
     install_save_hook(model)  # records the LoRA-merged projections as saved
@@ -153,6 +154,7 @@ def remove_lola(model: torch.nn.Module) -> torch.nn.Module:
         from lola.pretrained.lora import restore_weights
 
         restore_weights(model, info.merged_weights)  # the stock projections, bit for bit
+    read_padding_only(model.config, every_layer=False)
     remove_generation_hook(model)
     remove_forward_check(model)
     remove_save_hook(model)

@@ -44,12 +44,47 @@ def announce(layer: AnnouncedLayer) -> None:
 _BUILT: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()  # by id: tensors compare by value
 
 
-def lola_mask(*args, **kwargs):
-    """transformers' ``sdpa_mask``, remembering the masks it builds (see :data:`_BUILT`)."""
-    from transformers.masking_utils import sdpa_mask
+# Configs of models whose every layer is a LoLA one (:func:`lola.apply_lola` files them):
+# their layers read only whether each token is real, so their mask need not be built whole.
+_PADDING_ONLY: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 
-    mask = sdpa_mask(*args, **kwargs)
-    if isinstance(mask, torch.Tensor):
+
+def read_padding_only(config: object, every_layer: bool) -> None:
+    """File (or unfile) ``config`` as a model's whose layers are all LoLA ones (:func:`lola_mask`)."""
+    if every_layer:
+        _PADDING_ONLY[id(config)] = config
+    elif _PADDING_ONLY.get(id(config)) is config:
+        del _PADDING_ONLY[id(config)]
+
+
+def lola_mask(*args, **kwargs):
+    """transformers' ``sdpa_mask``, remembering the causal + padding masks it builds (see
+    :data:`_BUILT`); for a model whose every layer is a LoLA one, a ``[B, 1, q, kv]`` view of
+    the padding mask instead (no ``B × q × kv`` tensor: 16 GiB for four rows of 64K tokens).
+
+    The view says, at ``[b, 0, i, j]``, whether key ``j`` of row ``b`` is a real token; LoLA
+    layers read its diagonal only (whether each query is real) and are causal by construction.
+    Any other pattern (packed sequences found in ``position_ids``, a custom mask function) is
+    built whole by ``sdpa_mask`` and checked by the layers like a caller's mask.
+    """
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    plain = not args and kwargs.get("mask_function", causal_mask_function) is causal_mask_function and kwargs.get("local_size") is None
+    config = kwargs.get("config")
+    if plain and config is not None and _PADDING_ONLY.get(id(config)) is config:
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is None:
+            return None
+        kv_length, kv_offset = kwargs["kv_length"], kwargs.get("kv_offset", 0)
+        # (as sdpa_mask reads it: columns past the 2-D mask's end are padding)
+        real = torch.nn.functional.pad(attention_mask.bool(), (0, max(0, kv_offset + kv_length - attention_mask.shape[-1])))
+        real = real[:, kv_offset : kv_offset + kv_length]
+        if bool(real.all()):
+            return None
+        mask = real[:, None, None, :].expand(real.shape[0], 1, kwargs["q_length"], kv_length)
+    else:
+        mask = sdpa_mask(*args, **kwargs)
+    if plain and isinstance(mask, torch.Tensor):
         _BUILT[id(mask)] = mask
     return mask
 

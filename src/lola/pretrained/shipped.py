@@ -42,7 +42,7 @@ SHIPPED: dict[str, ShippedMaps] = {
         files={
             "feature_maps.safetensors": "adbe355514ede48efe7f4f29785ec6071b07995658a37a42b555c12939b6a98d",
             "lora.safetensors": "e883747fd9f4e9df2732de47553d5bf8804a6c71166145fcdee97e9eb8146afe",
-            "lola_config.json": "ed4b0d5475ed8f2974d528f20b0e925117ccbf26b95f09ebc58a3db4c39ae340",
+            "lola_config.json": "4f79631d9488ad395b84cecd648c694fbc09cf9a2a3e8ae6afa05a442c195d91",
             "report.json": "9126db6bbfd0c46557a52cf3e3b089b72af6dabba0a4c40e37bc6c90f3491a09",
             "finetune_report.json": "00359637689d2f40af46b94042ffaf8c15975d88c74a84b2522d09f17fdde1d4",
         },

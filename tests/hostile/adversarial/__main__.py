@@ -2,16 +2,17 @@
 
 From the repository root::
 
-    python -m tests.hostile.adversarial                  # every case, both batches
+    python -m tests.hostile.adversarial                  # every case, every batch
     python -m tests.hostile.adversarial --only files     # one class
     python -m tests.hostile.adversarial --case state-linear-s-negative
-    python -m tests.hostile.adversarial --batch 2        # the cases of batch 2 only
+    python -m tests.hostile.adversarial --batch 3        # the cases of batch 3 only
     python -m tests.hostile.adversarial --list           # the cases, without running them
 
 Every case runs in its own forked child under a memory limit (``--limit-gib``, default 6) in
 its own temporary folder. The pass prints one row per case (id, class, outcome, message) and
-the counts per class and outcome, and writes ``last_pass.json`` beside itself. It is a
-measurement: the exit status is 0 whatever the outcomes.
+the counts per class and outcome, and writes ``last_pass.json`` beside itself
+(``last_pass_batch2.json`` with ``--batch 2``, ``last_pass_batch3.json`` with ``--batch 3``). It is
+a measurement: the exit status is 0 whatever the outcomes.
 
 Outcomes: ``clear`` (refused, one line naming the fault), ``unclear`` (refused, but the message
 lacks the name, is a bare KeyError, several lines or a non-user exception), ``silent``
@@ -44,7 +45,7 @@ from .runner import GIB, check_limit_allows_imports, preload, run_cases  # noqa:
 
 
 def select(batch: str = "all") -> list[Case]:
-    """The cases of ``batch`` ("1", "2" or "all"), after checking the case modules."""
+    """The cases of ``batch`` (a number of :data:`BATCHES` as a string, or "all"), after checking the case modules."""
     found = problems()
     if found:
         raise SystemExit("\n".join(found))
@@ -65,18 +66,20 @@ def _limit_probe() -> Case:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", choices=[*map(str, BATCHES), "all"], default="all", help="1: the first batch, 2: the second, all (default): both")
+    parser.add_argument(
+        "--batch", choices=[*map(str, BATCHES), "all"], default="all", help="1: the first batch, 2: the second, 3: the third, all (default): every batch"
+    )
     parser.add_argument("--only", choices=CLASSES, action="append", help="run this class only (repeatable)")
     parser.add_argument("--case", action="append", help="run the case with this id only (repeatable; a trailing * matches a prefix)")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--limit-gib", type=float, default=6.0, help="address-space limit of each case, GiB (default 6)")
-    parser.add_argument("--json", default=None, help="where to write the results (default here: last_pass.json; last_pass_batch2.json with --batch 2)")
+    parser.add_argument("--json", default=None, help="where to write the results (default here: last_pass.json; last_pass_batchN.json with --batch 2 or 3)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     args = parser.parse_args(argv)
 
     cases = select(args.batch)
     if args.json is None:
-        args.json = str(HERE / ("last_pass_batch2.json" if args.batch == "2" else "last_pass.json"))
+        args.json = str(HERE / ("last_pass.json" if args.batch in ("all", "1") else f"last_pass_batch{args.batch}.json"))
     if args.only:
         cases = [c for c in cases if c.cls in args.only]
     if args.case:

@@ -372,3 +372,140 @@ def fifo(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.mkfifo(path)
     return path
+
+
+# -- batch 3: the other commands that own a folder or a file, run locks, small models ---------------
+
+# `lola probe` on the tiny random Llama: one prompt of 400 tokens, the hybrid (the one method
+# with a state that needs no sparse cache), one generated token.
+PROBE = ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--max-new-tokens", "1", "--methods", "hybrid"]
+
+# `lola sweep` on the tiny random Llama: one point (400 tokens, 1/8 of them exact), noise, one sample.
+SWEEP = ["sweep", "--model", "tiny-random-llama", "--lengths", "400", "--budgets", "1/8", "--haystacks", "noise", "--samples", "1"]
+
+CALIBRATE = ["calibrate", "--model", "tiny-random-llama", "--length", "256", "--prompts", "1"]
+
+# `lola perplexity` of full attention and the hybrid (no lola method) over one window of 64 tokens.
+PPL_NO_LOLA = ["perplexity", "--model", "tiny-random-llama", "--lengths", "64", "--windows", "1", "--generate", "0", "--methods", "full", "hybrid"]
+
+
+def probe(ctx: Ctx, out: str = "p", *extra: str) -> CliResult:
+    return cli([*PROBE, "--out", str(ctx.path(out)), *extra])
+
+
+def sweep(ctx: Ctx, out: str = "s", *extra: str) -> CliResult:
+    return cli([*SWEEP, "--out", str(ctx.path(out)), *extra])
+
+
+def ppl(ctx: Ctx, argv: list[str] | None = None, *extra: str) -> CliResult:
+    """``lola perplexity`` (:data:`PPL` unless ``argv``) on the prose of :func:`hay`."""
+    return cli([*(argv or PPL), "--text", str(hay(ctx)), *extra])
+
+
+def fit(ctx: Ctx, out: str = "s.safetensors", *extra: str) -> CliResult:
+    """``lola fit-scorer`` on the tiny random Llama: two chunks of 96 tokens, one held out."""
+    from ..common import FIT_ARGS, text_file
+
+    text = ctx.path("fit.txt") if ctx.path("fit.txt").is_file() else text_file(ctx.dir, "fit.txt")
+    return cli(["fit-scorer", "--model", "tiny-random-llama", "--text", str(text), *FIT_ARGS, "--out", str(ctx.path(out)), *extra])
+
+
+def first_ok(result: CliResult, what: str = "the first run") -> CliResult:
+    """``result`` if the command succeeded; else the case itself is broken (a harness error)."""
+    if result.status != 0:
+        raise RuntimeError(f"{what} failed: {result!r}")
+    return result
+
+
+def described(what: str) -> Callable[[Any, Ctx], None]:
+    """A check that describes what an input that should have been refused did instead."""
+
+    def check(result, ctx):
+        from .harness import CaseFailure
+
+        raise CaseFailure(what)
+
+    return check
+
+
+def lock_file(folder: Path, pid: int, command: str = "lola niah") -> Path:
+    """``folder/.lola-run.json`` naming ``pid`` running ``command``, as :func:`lola.io.outputs.run_lock` writes it."""
+    from lola.io.outputs import RUN_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RUN_FILE
+    path.write_text(json.dumps({"pid": pid, "command": command, "started": "2025-01-01 00:00:00"}) + "\n")
+    return path
+
+
+@contextmanager
+def held(folder: Path, command: str = "lola niah") -> Iterator[None]:
+    """Another live run holds ``folder`` for the block: its lock (``flock`` of the folder, taken on
+    a descriptor of our own, as another process's would be) and ``.lola-run.json`` naming a live
+    pid (this process's parent)."""
+    import fcntl
+
+    lock_file(folder, os.getppid(), command)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (a stale lock's holder)."""
+    import subprocess
+
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+@contextmanager
+def short_lock_wait(seconds: float = 1.0) -> Iterator[None]:
+    """A write waits ``seconds`` (not a minute) for another process's lock before refusing."""
+    with patched("lola.io.outputs", "LOCK_WAIT", seconds):
+        yield
+
+
+def small_lola(cfg: lola.LoLAConfig | None = None, model_type: str = "llama", **overrides: Any):
+    """A tiny transformers model (256 positions, :data:`tests.hostile.common.SMALL`) with LoLA
+    applied (``cfg``; by default nothing is ever evicted from 64 exact tokens)."""
+    from lola.integrations.transformers import apply_lola
+
+    model = tiny_model(model_type, **overrides)
+    apply_lola(model, cfg or lola.LoLAConfig(window=64, sparse_size=0, sinks=0, chunk=64))
+    return model
+
+
+def stock_and_lola(cfg: lola.LoLAConfig | None = None, dtype: torch.dtype | None = None, **overrides: Any):
+    """The same tiny Llama twice, stock (eager) and with LoLA applied (``cfg``, by default evicting
+    nothing), queries scaled by 8 in both so that a wrong mask or scale shows; both cast to
+    ``dtype`` (if given) before LoLA is applied."""
+    from lola.integrations.transformers import apply_lola
+
+    pair = []
+    for _ in range(2):
+        model = tiny_model("llama", **overrides)
+        with torch.no_grad():
+            for m in model.modules():
+                if hasattr(m, "q_proj"):
+                    m.q_proj.weight.mul_(8)
+        pair.append(model if dtype is None else model.to(dtype))
+    apply_lola(pair[1], cfg or lola.LoLAConfig(window=64, sparse_size=0, sinks=0, chunk=64))
+    return pair[0], pair[1]
+
+
+def new_cache(model):
+    from lola.integrations.transformers import LoLACache
+
+    return LoLACache(model)
+
+
+def maps_folder(ctx: Ctx, name: str = "maps") -> Path:
+    """A valid feature-map folder for the tiny random Llama (random Hedgehog maps)."""
+    from ..common import write_random_maps
+
+    return write_random_maps(ctx.path(name))

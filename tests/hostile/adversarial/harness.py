@@ -75,8 +75,9 @@ class Case:
         run: ``run(ctx)`` feeds the input to lola.
         expect: what the right answer is.
         timeout: seconds before the case counts as hung.
-        batch: the batch of cases it was written in: 1 (before the fixes it led to) or 2 (after
-            them, to check that they hold); 0 until :func:`in_batch` files it.
+        batch: the batch of cases it was written in: 1 (before the fixes it led to), 2 (after
+            them, to check that they hold) or 3 (before the round-three fixes, to measure them);
+            0 until :func:`in_batch` files it.
     """
 
     id: str

@@ -10,6 +10,14 @@ Granite, Cohere), windows of one token, layers kept as stock attention, and the 
 reached through other entry points: ``--model`` a Hugging Face folder for ``lola niah`` and ``lola
 perplexity``, and lm-eval's ``LoLALM``. Valid variants must be accepted and reproduce their stock
 logits with nothing evicted; a patched model copied or cast must keep working.
+
+Batch 3. Masks, modes and positions: 4-D masks of other patterns (packed, bidirectional, a float
+mask written as 0/1, ``-inf`` against large negatives, a soft bias, a row with nothing to attend
+to, left padding built by hand) and 2-D masks with padding in the middle or on the right, each
+against the stock model's logits; caches prefilled under ``torch.inference_mode()`` or
+``no_grad`` and used outside, bfloat16 and float16 models, a cache reused for another batch or
+reordered with wrong indices; and streams past the model's ``max_position_embeddings``: refused
+with absolute positions, accepted with bounded ones (finite, in constant memory).
 """
 
 from __future__ import annotations
@@ -490,4 +498,541 @@ BATCH_2 = [
     ),
 ]
 
-CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]
+
+# -- batch 3: written before the round-three fixes, to measure them ---------------------------------
+
+T = 12  # tokens of the mask cases
+
+
+def _x(batch: int = 1, n: int = T, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, 101, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _causal(n: int = T) -> torch.Tensor:
+    return torch.tril(torch.ones(n, n, dtype=torch.bool))[None, None]
+
+
+def _additive(allowed: torch.Tensor, masked: float) -> torch.Tensor:
+    """A float mask: 0 where ``allowed``, ``masked`` elsewhere."""
+    return torch.zeros(allowed.shape).masked_fill(~allowed, masked)
+
+
+def _packed() -> torch.Tensor:
+    mask = _causal().clone()
+    mask[..., T // 2 :, : T // 2] = False  # two documents of six tokens, each causal, packed in one row
+    return mask
+
+
+def _soft_bias() -> torch.Tensor:
+    mask = _additive(_causal(), float("-inf"))
+    far = torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=-4)[None, None]
+    return mask.masked_fill(far, -0.5)  # keys more than 3 back: a small penalty (an ALiBi-like bias), still attended
+
+
+def _with_4d(make, cache: bool = False):
+    """The tiny Llama with LoLA (nothing evicted) over 12 tokens given ``make()`` as its 4-D mask:
+    the largest difference from the logits without a mask (causal attention)."""
+
+    def run(ctx: Ctx):
+        from ..builders import new_cache, stock_and_lola
+
+        _, model = stock_and_lola()
+        x = _x()
+        with torch.no_grad():
+            ref = model(x, use_cache=False).logits
+            kwargs = {"cache": new_cache(model)} if cache else {"use_cache": False}
+            out = model(x, attention_mask=make(), **kwargs).logits
+        return float((out - ref).abs().max())
+
+    return run
+
+
+def _as_causal(diff, ctx) -> None:
+    ensure(diff < 1e-5, f"accepted; the logits differ from causal attention's by {diff:.3g}")
+
+
+def _not_causal(diff, ctx) -> None:
+    from ..harness import CaseFailure
+
+    raise CaseFailure(f"a mask LoLA cannot honour was read; the logits differ from plain causal attention's by {diff:.3g}")
+
+
+def _row_without_keys(ctx: Ctx):
+    """Two rows, the second's 4-D mask all False (no query may attend anywhere): row 0's logits
+    against row 0 alone."""
+    from ..builders import stock_and_lola
+
+    _, model = stock_and_lola()
+    x = _x(2)
+    mask = _causal().expand(2, 1, T, T).clone()
+    mask[1] = False
+    with torch.no_grad():
+        out = model(x, attention_mask=mask, use_cache=False).logits
+        alone = model(x[:1], use_cache=False).logits
+    return float((out[:1] - alone).abs().max())
+
+
+def _first_row_alone(diff, ctx) -> None:
+    ensure(diff < 1e-5, f"accepted; the first row's logits differ from its logits alone by {diff:.3g}")
+
+
+def _against_stock(make_mask, decode: bool = False):
+    """Two rows through the stock model and through LoLA (nothing evicted) with the same mask
+    (``make_mask() -> (mask, real)``, ``real [2, T]`` the tokens whose logits count): the largest
+    difference at real tokens; with ``decode``, then one more token per row (the mask grown by a
+    column of ones) through each model's cache, compared too."""
+
+    def run(ctx: Ctx):
+        from transformers import DynamicCache
+
+        from ..builders import new_cache, stock_and_lola
+
+        stock, model = stock_and_lola()
+        x = _x(2)
+        mask, real = make_mask()
+        with torch.no_grad():
+            ref_cache, cache = DynamicCache(), new_cache(model)
+            ref = stock(x, attention_mask=mask, past_key_values=ref_cache).logits
+            out = model(x, attention_mask=mask, cache=cache).logits
+            diff = float((out - ref)[real].abs().max())
+            if decode and mask.dim() == 2:
+                nxt, grown = torch.tensor([[5], [6]]), torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=1)
+                ref = stock(nxt, attention_mask=grown, past_key_values=ref_cache).logits
+                out = model(nxt, attention_mask=grown, cache=cache).logits
+                diff = max(diff, float((out - ref).abs().max()))
+        return diff
+
+    return run
+
+
+def _stock_logits(diff, ctx) -> None:
+    ensure(diff < 1e-4, f"accepted; at real tokens the logits differ from the stock model's by {diff:.3g}")
+
+
+def _middle_padding():
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, 4:7] = 0  # three padding tokens inside the second sequence
+    return mask, mask.bool()
+
+
+def _right_padding():
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, -4:] = 0
+    return mask, mask.bool()
+
+
+def _left_padding_4d():
+    """Causal attention with the second row left-padded by 3, written by hand as a float 4-D mask
+    (``finfo.min`` where masked, as transformers' eager masks are)."""
+    real = torch.ones(2, T, dtype=torch.bool)
+    real[1, :3] = False
+    allowed = _causal()[0] & real[:, None, :]  # [2, T, T]: a real key at or before the query
+    return _additive(allowed[:, None], torch.finfo(torch.float32).min), real
+
+
+def _model_with_cache():
+    from lola.integrations.transformers import apply_lola
+
+    from ..builders import CACHE_CFG
+
+    model, _ = tiny()
+    apply_lola(model, lola.LoLAConfig(**CACHE_CFG))
+    return model
+
+
+def _prefilled(model, mode, batch: int = 1):
+    from ..builders import new_cache
+
+    cache = new_cache(model)
+    x = torch.cat([ids(30, 256, seed=s) for s in range(1, batch + 1)])
+    with mode():
+        model(x, cache=cache)
+    return cache
+
+
+def _decode(model, cache, n: int = 4, batch: int = 1, grad: bool = False) -> torch.Tensor:
+    out = []
+    with torch.enable_grad() if grad else torch.no_grad():
+        for t in range(n):
+            out.append(model(torch.full((batch, 1), 7 + t), cache=cache).logits.detach())
+    return torch.cat(out, dim=1)
+
+
+def _inference_then_autograd(ctx: Ctx):
+    """A cache prefilled under torch.inference_mode(), then four tokens decoded with autograd on."""
+    model = _model_with_cache()
+    out = _decode(model, _prefilled(model, torch.inference_mode), grad=True)
+    return out, _decode(model, _prefilled(model, torch.no_grad))
+
+
+def _pair_same(pair, ctx) -> None:
+    out, ref = pair
+    ensure(bool(torch.isfinite(out).all()), "accepted; the logits hold inf or NaN")
+    diff = float((out.float() - ref.float()).abs().max())
+    ensure(diff <= 1e-5, f"accepted; the logits differ from those of a cache prefilled outside the mode by {diff:.3g}")
+
+
+def _no_grad_then_backward(ctx: Ctx):
+    """A cache prefilled under no_grad, then one token with autograd on and a backward pass."""
+    model = _model_with_cache()
+    cache = _prefilled(model, torch.no_grad)
+    with torch.enable_grad():
+        model(torch.tensor([[7]]), cache=cache).logits.float().pow(2).mean().backward()
+    grad = model.model.layers[1].self_attn.q_proj.weight.grad
+    return None if grad is None else bool(torch.isfinite(grad).all() and grad.abs().sum() > 0)
+
+
+def _inference_then_reorder(ctx: Ctx):
+    """Two rows prefilled under torch.inference_mode(), swapped with reorder_cache outside it, then decoded."""
+    model = _model_with_cache()
+    runs = []
+    for mode in (torch.inference_mode, torch.no_grad):
+        cache = _prefilled(model, mode, batch=2)
+        cache.reorder_cache(torch.tensor([1, 0]))
+        runs.append(_decode(model, cache, batch=2))
+    return runs[0], runs[1]
+
+
+def _half_model(dtype):
+    """The tiny Llama cast to ``dtype`` before LoLA is applied (nothing evicted), 40 tokens: the
+    largest difference from the stock model in that dtype, relative to its largest logit."""
+
+    def run(ctx: Ctx):
+        from ..builders import new_cache, stock_and_lola
+
+        stock, model = stock_and_lola(dtype=dtype)
+        x = _x(1, 40)
+        with torch.no_grad():
+            ref = stock(x).logits.float()
+            out = model(x, cache=new_cache(model)).logits.float()
+        return float((out - ref).abs().max() / ref.abs().max())
+
+    return run
+
+
+def _close_to_stock(rel, ctx) -> None:
+    ensure(rel == rel and rel < 0.05, f"accepted; the logits differ from the stock model's in the same dtype by {rel:.3g} of the largest")
+
+
+def _cast_between(ctx: Ctx):
+    """Two caches prefilled by the float32 model; one continued in float32, the model cast to
+    bfloat16, the other continued: the relative difference."""
+    model = _model_with_cache()
+    a, b = _prefilled(model, torch.no_grad), _prefilled(model, torch.no_grad)
+    ref = _decode(model, a)
+    model.to(torch.bfloat16)
+    out = _decode(model, b).float()
+    return float((out - ref).abs().max() / ref.abs().max())
+
+
+def _two_rows_then_one(ctx: Ctx):
+    model = _model_with_cache()
+    cache = _prefilled(model, torch.no_grad, batch=2)
+    return _decode(model, cache, n=1, batch=1).shape
+
+
+def _generate_reusing_cache(ctx: Ctx):
+    """generate() of two prompts given a cache that holds one earlier prompt."""
+    model = _model_with_cache()
+    cache = _prefilled(model, torch.no_grad)
+    x = torch.cat([ids(34, 256, seed=5), ids(34, 256, seed=6)])
+    with torch.no_grad():
+        return model.generate(x, max_new_tokens=2, do_sample=False, cache=cache).shape
+
+
+def _reorder(index, how: str = "reorder"):
+    def run(ctx: Ctx):
+        model = _model_with_cache()
+        cache = _prefilled(model, torch.no_grad, batch=2)
+        if how == "reorder":
+            cache.reorder_cache(index)
+        else:
+            cache.batch_select_indices(index)
+        return _decode(model, cache, n=1, batch=cache.layers[0].state.batch_size).shape
+
+    return run
+
+
+def _rows_kept(shape, ctx) -> None:
+    from ..harness import CaseFailure
+
+    raise CaseFailure(f"the cache decoded on with logits of shape {tuple(shape)} (a mask of one entry picked rows of two)")
+
+
+BOUNDED = dict(window=16, sparse_size=8, sinks=2, chunk=8)
+
+
+def _bounded_stream(ctx: Ctx):
+    """256 positions, bounded positions: 280 tokens, then 24 more one at a time."""
+    from ..builders import new_cache, small_lola
+
+    model = small_lola(lola.LoLAConfig(**BOUNDED, positions="bounded"))
+    cache = new_cache(model)
+    with torch.no_grad():
+        first = model(_x(1, 280), cache=cache).logits
+        held = cache.nbytes()
+        more = [model(torch.tensor([[5 + t % 90]]), cache=cache).logits for t in range(24)]
+    return held, cache.nbytes(), bool(torch.isfinite(first).all() and all(torch.isfinite(m).all() for m in more)), cache.get_seq_length()
+
+
+def _constant_and_finite(result, ctx) -> None:
+    held, after, finite, seen = result
+    ensure(finite, "accepted; the logits hold inf or NaN")
+    ensure(held == after, f"accepted; the cache grew from {held} to {after} bytes over 24 tokens")
+    ensure(seen == 304, f"the cache says it has seen {seen} tokens, not 304")
+
+
+def _past_context(cfg: dict, prefill: int = 300, decode: int = 0):
+    """256 positions, ``cfg``: ``prefill`` tokens with a LoLACache, then ``decode`` more one at a time."""
+
+    def run(ctx: Ctx):
+        from ..builders import new_cache, small_lola
+
+        model = small_lola(lola.LoLAConfig(**cfg))
+        cache = new_cache(model)
+        with torch.no_grad():
+            model(_x(1, prefill), cache=cache)
+            for t in range(decode):
+                model(torch.tensor([[5 + t]]), cache=cache)
+        return cache.get_seq_length()
+
+    return run
+
+
+def _fed(seen, ctx) -> None:
+    from ..harness import CaseFailure
+
+    raise CaseFailure(f"the model was fed {seen} positions, past its 256")
+
+
+def _bounded_left_padded(ctx: Ctx):
+    """Bounded positions, 256 positions: a left-padded batch of prompts of 250 and 244 tokens
+    generating 12 tokens (past the context), against each prompt alone."""
+    from ..builders import small_lola
+
+    model = small_lola(lola.LoLAConfig(**BOUNDED, positions="bounded"))
+    a, b = _x(1, 250, seed=1)[0], _x(1, 244, seed=2)[0]
+    batch = torch.zeros(2, 250, dtype=torch.long)
+    mask = torch.zeros(2, 250, dtype=torch.long)
+    batch[0], batch[1, 6:] = a, b
+    mask[0], mask[1, 6:] = 1, 1
+    with torch.no_grad():
+        both = model.generate(batch, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        alone_a = model.generate(a[None], max_new_tokens=12, do_sample=False, pad_token_id=0)
+        alone_b = model.generate(b[None], max_new_tokens=12, do_sample=False, pad_token_id=0)
+    return torch.equal(both[0, 250:], alone_a[0, 250:]) and torch.equal(both[1, 250:], alone_b[0, 244:])
+
+
+def _bounded_exact_distance_beyond(ctx: Ctx):
+    from lola.integrations.transformers import apply_lola
+
+    return apply_lola(tiny_model("llama"), lola.LoLAConfig(**BOUNDED, positions="bounded", exact_distance=1000))
+
+
+BATCH_3 = [
+    Case(
+        "a3-mask4d-packed-with-cache",
+        "attention",
+        "a 4-D bool mask of two packed documents (block-diagonal, causal in each) given with a LoLACache",
+        _with_4d(_packed, cache=True),
+        refuse("attention_mask", check=_not_causal),
+    ),
+    Case(
+        "a3-mask4d-bidirectional",
+        "attention",
+        "a 4-D bool mask of all True (bidirectional attention), no cache",
+        _with_4d(lambda: torch.ones(1, 1, T, T, dtype=torch.bool)),
+        refuse("attention_mask", check=_not_causal),
+    ),
+    Case(
+        "a3-mask4d-float-written-as-0-1",
+        "attention",
+        "a causal 4-D float mask written as 1.0 (may attend) and 0.0 (masked), the way a bool mask reads",
+        _with_4d(lambda: _causal().float()),
+        refuse("attention_mask", check=_not_causal),
+    ),
+    Case(
+        "a3-mask4d-float-minus-inf",
+        "attention",
+        "a causal 4-D float mask with -inf where masked: the logits of causal attention",
+        _with_4d(lambda: _additive(_causal(), float("-inf"))),
+        accept(_as_causal),
+    ),
+    Case(
+        "a3-mask4d-float-finfo-min",
+        "attention",
+        "a causal 4-D float mask with finfo(float32).min where masked (transformers' own)",
+        _with_4d(lambda: _additive(_causal(), torch.finfo(torch.float32).min)),
+        accept(_as_causal),
+    ),
+    Case(
+        "a3-mask4d-float-minus-1e4",
+        "attention",
+        "a causal 4-D float mask with -1e4 where masked (a large negative, not -inf), with a LoLACache",
+        _with_4d(lambda: _additive(_causal(), -1e4), cache=True),
+        accept(_as_causal),
+    ),
+    Case(
+        "a3-mask4d-soft-bias",
+        "attention",
+        "a causal 4-D float mask adding -0.5 to keys more than 3 back (a bias LoLA cannot apply)",
+        _with_4d(_soft_bias),
+        refuse("attention_mask", check=_not_causal),
+    ),
+    Case(
+        "a3-mask4d-row-with-no-keys",
+        "attention",
+        "two rows, the second's 4-D mask all False: the first row must read as it does alone",
+        _row_without_keys,
+        either("attention_mask", check=_first_row_alone),
+    ),
+    Case(
+        "a3-mask4d-left-padding-by-hand",
+        "attention",
+        "a left-padded row's causal mask built by hand as a 4-D float mask, with a LoLACache: the stock logits",
+        _against_stock(_left_padding_4d),
+        accept(_stock_logits),
+    ),
+    Case(
+        "a3-mask2d-padding-in-the-middle",
+        "attention",
+        "a 2-D mask with three padding tokens inside the second row, with a LoLACache: the stock logits at real tokens",
+        _against_stock(_middle_padding),
+        either("attention_mask", check=_stock_logits),
+    ),
+    Case(
+        "a3-mask2d-right-padding",
+        "attention",
+        "a 2-D mask right-padding the second row by 4, with a LoLACache: the stock logits at real tokens",
+        _against_stock(_right_padding),
+        either("attention_mask", check=_stock_logits),
+    ),
+    Case(
+        "a3-mask2d-right-padding-then-decode",
+        "attention",
+        "a right-padded batch prefilled, then one more token per row (mask grown by a column): the stock logits",
+        _against_stock(_right_padding, decode=True),
+        either("attention_mask", check=_stock_logits),
+    ),
+    Case(
+        "a3-inference-mode-prefill-then-autograd",
+        "attention",
+        "a LoLACache prefilled under torch.inference_mode(), then four tokens decoded with autograd on",
+        _inference_then_autograd,
+        accept(_pair_same),
+    ),
+    Case(
+        "a3-no-grad-prefill-then-backward",
+        "attention",
+        "a LoLACache prefilled under no_grad, then one token with autograd on and loss.backward()",
+        _no_grad_then_backward,
+        accept(lambda ok, ctx: ensure(ok is True, f"accepted; the projections' gradient is {ok!r} (none, zero or not finite)")),
+    ),
+    Case(
+        "a3-inference-mode-prefill-then-reorder",
+        "attention",
+        "two rows prefilled under torch.inference_mode(), swapped by reorder_cache outside it, then decoded",
+        _inference_then_reorder,
+        accept(_pair_same),
+    ),
+    Case(
+        "a3-bfloat16-model-then-apply",
+        "attention",
+        "the tiny Llama cast to bfloat16, then apply_lola (nothing evicted): logits near the stock bfloat16 model's",
+        _half_model(torch.bfloat16),
+        accept(_close_to_stock),
+    ),
+    Case(
+        "a3-float16-model-then-apply",
+        "attention",
+        "the tiny Llama cast to float16, then apply_lola (nothing evicted): logits near the stock float16 model's",
+        _half_model(torch.float16),
+        accept(_close_to_stock),
+    ),
+    Case(
+        "a3-cache-float32-model-cast-bfloat16",
+        "attention",
+        "a cache prefilled by the float32 model, the model cast to bfloat16, then decoding with that cache",
+        _cast_between,
+        either("dtype|bfloat16|float32", check=lambda rel, ctx: ensure(rel < 0.1, f"accepted; the logits differ from float32's by {rel:.3g} of the largest")),
+    ),
+    Case(
+        "a3-cache-two-rows-then-one",
+        "attention",
+        "a LoLACache prefilled with two rows, then a token for one row",
+        _two_rows_then_one,
+        refuse("batch|rows"),
+    ),
+    Case(
+        "a3-generate-reusing-a-one-row-cache",
+        "attention",
+        "generate() of two prompts given a LoLACache that holds one earlier prompt",
+        _generate_reusing_cache,
+        refuse("batch|rows|cache"),
+    ),
+    Case(
+        "a3-reorder-cache-out-of-range",
+        "attention",
+        "LoLACache.reorder_cache([0, 5]) on a cache of two rows",
+        _reorder(torch.tensor([0, 5])),
+        refuse("rows|index"),
+    ),
+    Case(
+        "a3-reorder-cache-negative",
+        "attention",
+        "LoLACache.reorder_cache([-1, 0]) on a cache of two rows (a negative row counts from the end in torch)",
+        _reorder(torch.tensor([-1, 0])),
+        refuse("rows|index"),
+    ),
+    Case(
+        "a3-batch-select-short-bool-mask",
+        "attention",
+        "LoLACache.batch_select_indices(tensor([True])) on a cache of two rows (a mask of one entry for two rows)",
+        _reorder(torch.tensor([True]), how="select"),
+        refuse("rows|indices|mask", check=_rows_kept),
+    ),
+    Case(
+        "a3-bounded-stream-past-context",
+        "attention",
+        "bounded positions on a 256-position model: 280 tokens, then 24 more: finite, the cache the same size",
+        _bounded_stream,
+        accept(_constant_and_finite),
+    ),
+    Case(
+        "a3-absolute-forward-past-context",
+        "attention",
+        "absolute positions on a 256-position model: a forward of 300 tokens with a LoLACache",
+        _past_context(BOUNDED),
+        refuse("max_position_embeddings|positions", check=_fed),
+    ),
+    Case(
+        "a3-absolute-decode-past-context",
+        "attention",
+        "absolute positions on a 256-position model: 250 tokens, then 10 decoded one at a time past 256",
+        _past_context(BOUNDED, prefill=250, decode=10),
+        refuse("max_position_embeddings|positions", check=_fed),
+    ),
+    Case(
+        "a3-bounded-with-a-full-layer-past-context",
+        "attention",
+        "bounded positions but layer 0 kept as full attention, 256 positions: a forward of 300 tokens",
+        _past_context({**BOUNDED, "positions": "bounded", "full_attention_layers": [0]}),
+        refuse("max_position_embeddings|full_attention_layers", check=_fed),
+    ),
+    Case(
+        "a3-bounded-left-padded-generate-past-context",
+        "attention",
+        "bounded positions, 256 positions: a left-padded batch (250 and 244 tokens) generating 12 tokens, each row as alone",
+        _bounded_left_padded,
+        accept(lambda same, ctx: ensure(same is True, "accepted; a row generated other tokens in the batch than alone")),
+    ),
+    Case(
+        "a3-bounded-exact-distance-beyond-context",
+        "attention",
+        "apply_lola(positions='bounded', exact_distance=1000) on a model of 256 positions",
+        _bounded_exact_distance_beyond,
+        refuse("exact_distance"),
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2), *in_batch(3, BATCH_3)]

@@ -10,6 +10,13 @@ replaced between the check and the write (a foreign file or a link appearing whi
 runs), FIFOs where lola reads a file it trusts (a checkpoint's checksum, the old name of exported
 prompts), a forged journal, empty files, a huge sparse file, and names with newlines, spaces and
 non-ASCII letters. Every file that was there before must survive unless lola wrote it.
+
+Batch 3. Owned output folders and run locks: a folder held by another live run (its lock, or only
+its ``.lola-run.json`` naming a live pid) given to every command that writes one, a stale lock of a
+dead pid (taken over), ``.lola-run.json`` as a link, a FIFO or a folder; someone's files under the
+names lola writes (``probe.png``, ``sweep-*.png``, ``prose.txt``, a ``.partial``), files of another
+lola command in an output's place, records that became a link or a FIFO, the output folder deleted
+or renamed while a run writes, outputs through links and on read-only file systems.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -25,6 +33,7 @@ import lola
 
 from ...common import rehash_maps, write_random_maps
 from ..builders import (
+    CALIBRATE,
     EXPORT,
     LINEARIZE,
     LOLA,
@@ -32,19 +41,30 @@ from ..builders import (
     NIAH_LOLA,
     PPL,
     PROSE,
+    SWEEP,
     budgets_file,
+    dead_pid,
+    described,
     fifo,
+    first_ok,
+    fit,
     hardlink_tree,
     hay,
+    held,
     ids,
     interrupt_after,
     loads,
+    lock_file,
     niah,
     niah_config,
     patched,
+    ppl,
+    probe,
     saved_cache,
     scripted,
+    short_lock_wait,
     status,
+    sweep,
     tiny,
 )
 from ..harness import Case, Ctx, SimulatedKill, accept, cli, either, ensure, export, in_batch, intact, lost, refuse
@@ -722,4 +742,424 @@ BATCH_2 = [
     ),
 ]
 
-CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]
+
+# -- batch 3: written before the round-three fixes, to measure them ---------------------------------
+
+
+def _while_held(command: str, run_it, folder: str = "r", short_wait: bool = False):
+    """``run_it(ctx)`` while another live run (``command``) holds ``folder``: its lock and its
+    ``.lola-run.json``."""
+
+    def run(ctx: Ctx):
+        with held(ctx.path(folder), command):
+            if short_wait:
+                with short_lock_wait():
+                    return run_it(ctx)
+            return run_it(ctx)
+
+    return run
+
+
+def _lock_file_only(command: str, run_it, folder: str = "r", pid=os.getppid):
+    """``run_it(ctx)`` where ``folder/.lola-run.json`` names ``pid()`` (alive unless a dead pid is
+    given) running ``command``, and no process holds the folder's lock."""
+
+    def run(ctx: Ctx):
+        lock_file(ctx.path(folder), pid(), command)
+        return run_it(ctx)
+
+    return run
+
+
+def _stale_lock_taken_over(result, ctx) -> None:
+    from lola.io.outputs import RUN_FILE
+
+    ensure(result.status == 0, f"exit {result.status}: {result!r}")
+    ensure((ctx.path("r") / "results.json").is_file(), "no results.json was written")
+    ensure(not (ctx.path("r") / RUN_FILE).exists(), "the stale .lola-run.json is still there after the run")
+
+
+def _run_file_is(kind: str):
+    """lola niah into a folder whose ``.lola-run.json`` is a ``kind``: a link to someone's
+    precious.txt, a FIFO, or a folder."""
+
+    def run(ctx: Ctx):
+        from lola.io.outputs import RUN_FILE
+
+        path = ctx.path("r") / RUN_FILE
+        ctx.path("r").mkdir()
+        if kind == "link":
+            ctx.write("precious.txt", "mine\n")
+            ctx.protect(ctx.path("precious.txt"))
+            path.symlink_to(ctx.path("precious.txt"))
+        elif kind == "fifo":
+            fifo(path)
+        else:
+            path.mkdir()
+        return niah(ctx, "r")
+
+    return run
+
+
+def _foreign_then(name: str, run_it):
+    """``run_it(ctx)`` where the output folder already holds someone's ``name`` (protected)."""
+
+    def run(ctx: Ctx):
+        ctx.write(name, b"\x89PNG someone's own figure" if name.endswith(".png") else "My own notes, kept here. " * 200)
+        ctx.protect(ctx.path(name))
+        return run_it(ctx)
+
+    return run
+
+
+def _probe_records_link(ctx: Ctx):
+    """lola probe of 2 prompts interrupted after one; probe.jsonl then a link to someone's
+    precious.jsonl (holding the same record); resumed."""
+    with loads(scripted(on_generate=interrupt_after(1))):
+        probe(ctx, "p", "--samples", "2")
+    records = ctx.path("p") / "probe.jsonl"
+    ctx.write("precious.jsonl", records.read_bytes())
+    ctx.protect(ctx.path("precious.jsonl"))
+    records.unlink()
+    records.symlink_to(ctx.path("precious.jsonl"))
+    return probe(ctx, "p", "--samples", "2")
+
+
+def _probe_records_fifo(ctx: Ctx):
+    first_ok(probe(ctx))
+    records = ctx.path("p") / "probe.jsonl"
+    records.unlink()
+    fifo(records)
+    return probe(ctx)
+
+
+def _gone_mid_run(how: str):
+    """lola niah of 2 samples whose folder is deleted (or renamed to r.moved) while the first sample generates."""
+
+    def run(ctx: Ctx):
+        import shutil
+
+        def hook(n: int) -> None:
+            if n == 1:
+                if how == "delete":
+                    shutil.rmtree(ctx.path("r"))
+                else:
+                    ctx.path("r").rename(ctx.path("r.moved"))
+
+        with loads(scripted(on_generate=hook)):
+            return niah(ctx, "r", "--samples", "2")
+
+    return run
+
+
+def _folders_consistent(result, ctx) -> None:
+    """Every folder the run left with a results.json summarises exactly the samples beside it, and
+    no run lock is left behind."""
+    from lola.io.outputs import RUN_FILE
+
+    for name in ("r", "r.moved"):
+        folder = ctx.path(name)
+        if (folder / RUN_FILE).exists():
+            lost(f"{name}/{RUN_FILE} was left behind: the folder looks held by a run that has ended")
+        if not (folder / "results.json").is_file():
+            continue
+        summary = json.loads((folder / "results.json").read_text()).get("summary", {})
+        counted = sum(cell.get("samples", 0) for by in summary.values() for cell in by.values())
+        path = folder / "samples.jsonl"
+        held_lines = len(path.read_text().splitlines()) if path.is_file() else 0
+        if counted != held_lines:
+            lost(f"{name}/results.json counts {counted} samples but {name}/samples.jsonl holds {held_lines}: the records went to a folder that is gone")
+
+
+def _export_cmd(ctx: Ctx, out: str) -> object:
+    return cli(["export", "--model", "tiny-random-llama", "--out", str(ctx.path(out))])
+
+
+def _export_through_link(ctx: Ctx):
+    ctx.path("real").mkdir()
+    ctx.path("link").symlink_to(ctx.path("real"))
+    return _export_cmd(ctx, "link")
+
+
+def _export_again_beside_notes(ctx: Ctx):
+    first_ok(_export_cmd(ctx, "e"))
+    ctx.write("e/notes.txt", "mine")
+    ctx.protect(ctx.path("e/notes.txt"))
+    return _export_cmd(ctx, "e")
+
+
+def _other_tools_safetensors(ctx: Ctx):
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(3)}, ctx.path("s.safetensors"), metadata={"format": "pt"})
+    ctx.protect(ctx.path("s.safetensors"))
+    return fit(ctx)
+
+
+def _own_file_of_another_command(make, name: str, run_it):
+    """``make(ctx)`` writes ``name`` (a file another lola command owns); protected; then ``run_it(ctx)``."""
+
+    def run(ctx: Ctx):
+        make(ctx)
+        ctx.protect(ctx.path(name))
+        return run_it(ctx)
+
+    return run
+
+
+def _perplexity_results(ctx: Ctx, name: str):
+    first_ok(ppl(ctx, None, "--out", str(ctx.path(name))))
+
+
+def _budgets_save_over(ctx: Ctx):
+    from lola import budgets
+
+    return budgets.load(budgets_file(ctx.path("b.json"))).save(ctx.path("p.json"))
+
+
+BATCH_3 = [
+    Case(
+        "f3-niah-folder-held-by-a-live-run",
+        "files",
+        "lola niah --out r while another process holds r's run lock (flock) and .lola-run.json names it",
+        _while_held("lola niah", lambda ctx: niah(ctx, "r")),
+        refuse("in use"),
+    ),
+    Case(
+        "f3-niah-run-file-of-a-live-pid",
+        "files",
+        "lola niah --out r where r/.lola-run.json names a live pid running lola niah (no flock held)",
+        _lock_file_only("lola niah", lambda ctx: niah(ctx, "r")),
+        refuse("in use|pid"),
+    ),
+    Case(
+        "f3-niah-stale-run-file-of-a-dead-pid",
+        "files",
+        "lola niah --out r where r/.lola-run.json names a pid that has exited: the run takes the folder over",
+        _lock_file_only("lola niah", lambda ctx: niah(ctx, "r"), pid=dead_pid),
+        accept(_stale_lock_taken_over),
+    ),
+    Case(
+        "f3-probe-folder-held-by-a-live-run",
+        "files",
+        "lola probe --out r while another process holds r (a lola niah run's lock and .lola-run.json)",
+        _while_held("lola niah", lambda ctx: probe(ctx, "r")),
+        refuse("in use"),
+    ),
+    Case(
+        "f3-sweep-folder-held-by-a-live-run",
+        "files",
+        "lola sweep --out r while another process holds r (lock and .lola-run.json of lola sweep)",
+        _while_held("lola sweep", lambda ctx: sweep(ctx, "r")),
+        refuse("in use"),
+    ),
+    Case(
+        "f3-linearize-run-file-of-a-live-pid",
+        "files",
+        "lola linearize --out lin where lin/.lola-run.json names a live pid running lola linearize (no flock held)",
+        _lock_file_only("lola linearize", lambda ctx: cli([*LINEARIZE, "--out", str(ctx.path("lin"))]), folder="lin"),
+        refuse("in use|pid"),
+    ),
+    Case(
+        "f3-calibrate-into-a-held-folder",
+        "files",
+        "lola calibrate --out r/b.json while a lola niah run holds r",
+        _while_held("lola niah", lambda ctx: cli([*CALIBRATE, "--out", str(ctx.path("r/b.json"))]), short_wait=True),
+        refuse("in use|busy"),
+    ),
+    Case(
+        "f3-perplexity-out-into-a-held-folder",
+        "files",
+        "lola perplexity --out r/p.json while a lola niah run holds r",
+        _while_held("lola niah", lambda ctx: ppl(ctx, None, "--out", str(ctx.path("r/p.json"))), short_wait=True),
+        refuse("in use|busy"),
+    ),
+    Case(
+        "f3-cache-save-into-a-held-folder",
+        "files",
+        "LoLACache.save(r) while a lola niah run holds r",
+        _while_held("lola niah", lambda ctx: saved_cache(ctx.path("r")), short_wait=True),
+        refuse("in use|busy"),
+    ),
+    Case(
+        "f3-export-into-a-held-folder",
+        "files",
+        "lola export --out r while a lola niah run holds r",
+        _while_held("lola niah", lambda ctx: _export_cmd(ctx, "r"), short_wait=True),
+        refuse("--out|in use|busy"),
+    ),
+    Case(
+        "f3-fit-scorer-into-a-held-folder",
+        "files",
+        "lola fit-scorer --out r/s.safetensors while a lola niah run holds r",
+        _while_held("lola niah", lambda ctx: fit(ctx, "r/s.safetensors"), short_wait=True),
+        refuse("in use|busy"),
+    ),
+    Case(
+        "f3-niah-run-file-links-to-precious",
+        "files",
+        "lola niah --out r where r/.lola-run.json is a link to someone's precious.txt",
+        _run_file_is("link"),
+        intact(),
+    ),
+    Case(
+        "f3-niah-run-file-is-fifo",
+        "files",
+        "lola niah --out r where r/.lola-run.json is a FIFO (nobody reads it)",
+        _run_file_is("fifo"),
+        refuse(".lola-run.json"),
+        timeout=30,
+    ),
+    Case(
+        "f3-niah-run-file-is-folder",
+        "files",
+        "lola niah --out r where r/.lola-run.json is a folder",
+        _run_file_is("folder"),
+        refuse(".lola-run.json"),
+    ),
+    Case(
+        "f3-probe-foreign-probe-png",
+        "files",
+        "lola probe --out p where p holds someone's probe.png (and nothing else)",
+        _foreign_then("p/probe.png", lambda ctx: probe(ctx)),
+        intact(),
+    ),
+    Case(
+        "f3-sweep-foreign-sweep-png",
+        "files",
+        "lola sweep --out s where s holds someone's sweep-noise.png (and nothing else)",
+        _foreign_then("s/sweep-noise.png", lambda ctx: sweep(ctx)),
+        intact(),
+    ),
+    Case(
+        "f3-sweep-foreign-prose-txt",
+        "files",
+        "lola sweep --haystacks prose --out s where s holds someone's prose.txt (lola would write its own there)",
+        _foreign_then("s/prose.txt", lambda ctx: sweep(ctx, "s", "--haystacks", "prose", "--lengths", "2048")),
+        refuse("prose.txt", check=described("someone's prose.txt was read as the prose haystack")),
+        timeout=180,
+    ),
+    Case(
+        "f3-probe-records-link-to-precious",
+        "files",
+        "lola probe interrupted after 1 of 2 prompts; probe.jsonl then a link to someone's precious.jsonl; resumed",
+        _probe_records_link,
+        intact(),
+    ),
+    Case(
+        "f3-probe-records-fifo",
+        "files",
+        "a finished lola probe whose probe.jsonl is replaced by a FIFO (nobody writes to it); run again",
+        _probe_records_fifo,
+        refuse("probe.jsonl"),
+        timeout=30,
+    ),
+    Case(
+        "f3-niah-folder-deleted-mid-run",
+        "files",
+        "lola niah of 2 samples whose --out folder is deleted while the first sample generates",
+        _gone_mid_run("delete"),
+        intact(_folders_consistent),
+    ),
+    Case(
+        "f3-niah-folder-renamed-mid-run",
+        "files",
+        "lola niah of 2 samples whose --out folder is renamed while the first sample generates",
+        _gone_mid_run("rename"),
+        intact(_folders_consistent),
+    ),
+    Case(
+        "f3-export-out-link-to-empty-folder",
+        "files",
+        "lola export --out link where link is a symbolic link to an empty folder",
+        _export_through_link,
+        accept(lambda r, ctx: ensure((ctx.path("real") / "config.json").is_file(), "nothing was written in the folder the link names")),
+    ),
+    Case(
+        "f3-export-again-beside-foreign-notes",
+        "files",
+        "lola export into its own earlier export, which now also holds someone's notes.txt",
+        _export_again_beside_notes,
+        intact(status(0)),
+    ),
+    Case(
+        "f3-fit-scorer-out-other-tools-safetensors",
+        "files",
+        "lola fit-scorer --out s.safetensors where s.safetensors is someone's safetensors file (not a scorer)",
+        _other_tools_safetensors,
+        refuse("s.safetensors"),
+    ),
+    Case(
+        "f3-fit-scorer-foreign-partial",
+        "files",
+        "lola fit-scorer --out s.safetensors beside someone's s.safetensors.partial (a text file)",
+        lambda ctx: (ctx.write("s.safetensors.partial", "my notes"), ctx.protect(ctx.path("s.safetensors.partial")), fit(ctx))[2],
+        refuse("s.safetensors.partial"),
+    ),
+    Case(
+        "f3-calibrate-out-is-perplexity-results",
+        "files",
+        "lola calibrate --out b.json where b.json holds lola perplexity's results (another command's file)",
+        _own_file_of_another_command(lambda ctx: _perplexity_results(ctx, "b.json"), "b.json", lambda ctx: cli([*CALIBRATE, "--out", str(ctx.path("b.json"))])),
+        refuse("b.json"),
+    ),
+    Case(
+        "f3-perplexity-out-is-budgets",
+        "files",
+        "lola perplexity --out p.json where p.json holds budgets (lola calibrate's kind of file)",
+        _own_file_of_another_command(lambda ctx: budgets_file(ctx.path("p.json")), "p.json", lambda ctx: ppl(ctx, None, "--out", str(ctx.path("p.json")))),
+        refuse("p.json"),
+    ),
+    Case(
+        "f3-budgets-save-over-perplexity-results",
+        "files",
+        "HeadBudgets.save(p.json) where p.json holds lola perplexity's results",
+        _own_file_of_another_command(lambda ctx: _perplexity_results(ctx, "p.json"), "p.json", _budgets_save_over),
+        refuse("p.json"),
+    ),
+    Case(
+        "f3-export-out-is-linearize-folder",
+        "files",
+        "lola export --out lin where lin is a lola linearize folder",
+        _own_file_of_another_command(lambda ctx: first_ok(cli([*LINEARIZE, "--out", str(ctx.path("lin"))])), "lin", lambda ctx: _export_cmd(ctx, "lin")),
+        refuse("--out"),
+    ),
+    Case(
+        "f3-linearize-out-is-export-folder",
+        "files",
+        "lola linearize --out e where e is a lola export folder",
+        _own_file_of_another_command(lambda ctx: first_ok(_export_cmd(ctx, "e")), "e", lambda ctx: cli([*LINEARIZE, "--out", str(ctx.path("e"))])),
+        refuse("e"),
+    ),
+    Case(
+        "f3-cache-save-into-fifo",
+        "files",
+        "LoLACache.save(c) where c is a FIFO",
+        lambda ctx: (fifo(ctx.path("c")), saved_cache(ctx.path("c")))[1],
+        refuse("c"),
+        timeout=30,
+    ),
+    Case(
+        "f3-cache-save-read-only-file-system",
+        "files",
+        "LoLACache.save('/sys/lola-cache') (a read-only file system)",
+        lambda ctx: saved_cache(Path("/sys/lola-cache")),
+        refuse("/sys"),
+    ),
+    Case(
+        "f3-sweep-out-read-only-file-system",
+        "files",
+        "lola sweep --out /sys/lola-sweep (a read-only file system)",
+        lambda ctx: cli([*SWEEP, "--out", "/sys/lola-sweep"]),
+        refuse("/sys"),
+    ),
+    Case(
+        "f3-fit-scorer-out-read-only-file-system",
+        "files",
+        "lola fit-scorer --out /sys/s.safetensors (a read-only file system)",
+        lambda ctx: fit(ctx, "/sys/s.safetensors"),
+        refuse("/sys"),
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2), *in_batch(3, BATCH_3)]

@@ -9,6 +9,14 @@ naming the option, model_arg, file or plug-in at fault. Format specs and convers
 (past the placeholder check), a config file too deeply nested for the JSON parser, values of the
 wrong type inside a config file (a variant's budgets, lm-eval's lola_config), a model folder
 without a tokenizer, and plug-ins whose failure or size surfaces inside lola.
+
+Batch 3. Refusals expected anyway, about files and options of this round: damaged feature-map
+folders given to niah, perplexity, calibrate, fit-scorer, export and linearize's stage 2; budgets
+files damaged, missing or of another model given to perplexity and to a variant; the position
+options (a typo, limits without bounded positions, a distance shorter than the window, a model
+whose RoPE cannot be bounded); one folder kind given where another is expected (a feature-map
+folder as a cache or a model, a cache as feature maps). Each must name the file or option on one
+line.
 """
 
 from __future__ import annotations
@@ -17,14 +25,20 @@ from dataclasses import dataclass
 
 import torch
 
-from ...common import write_random_maps
+import lola
+
+from ...common import cut, edit_safetensors, rehash_maps, write_random_maps
 from ..builders import (
     EXPORT,
+    LINEARIZE,
     LOLA,
     NIAH,
     PPL,
+    PROBE,
+    SWEEP,
     budgets_file,
     cli_q,
+    fit,
     hay,
     hf_folder,
     layer_and_state,
@@ -33,6 +47,7 @@ from ..builders import (
     niah_config,
     perplexity,
     policy,
+    ppl,
     saved_cache,
     schedule,
     tiny,
@@ -463,4 +478,290 @@ BATCH_2 = [
     ),
 ]
 
-CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]
+
+# -- batch 3: written before the round-three fixes, to measure them ---------------------------------
+
+
+def _maps(ctx: Ctx, edit=None) -> str:
+    """A feature-map folder ``mymaps`` for the tiny model, changed by ``edit(folder)``; its path."""
+    folder = write_random_maps(ctx.path("mymaps"))
+    if edit is not None:
+        edit(folder)
+    return str(folder)
+
+
+def _cut_description(folder) -> None:
+    cut(folder / "lola_config.json")
+
+
+def _drop_layer_1_map(folder) -> None:
+    edit_safetensors(folder / "feature_maps.safetensors", tensors=lambda t: t.pop("model.layers.1.self_attn.feature_map_k.mlp.layer"))
+    rehash_maps(folder)
+
+
+def _nan_map(folder) -> None:
+    def change(t):
+        key = "model.layers.0.self_attn.feature_map_q.mlp.layer"
+        t[key] = torch.full_like(t[key], float("nan"))
+
+    edit_safetensors(folder / "feature_maps.safetensors", tensors=change)
+    rehash_maps(folder)
+
+
+def _geometry_heads_8(folder) -> None:
+    import json
+
+    path = folder / "lola_config.json"
+    meta = json.loads(path.read_text())
+    meta["geometry"]["num_heads"] = 8
+    path.write_text(json.dumps(meta))
+
+
+def _niah_maps(edit):
+    return lambda ctx: cli([*NIAH, "--feature-maps", _maps(ctx, edit), "--out", str(ctx.path("r"))])
+
+
+def _budgets_json(ctx: Ctx, **fields) -> str:
+    return str(budgets_file(ctx.path("b.json"), **fields))
+
+
+PPL_LOLA = perplexity(method="lola")
+
+
+def _dynamic_rope_folder(ctx: Ctx):
+    folder = hf_folder(ctx.path("m"), "llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    argv = ["niah", "--model", str(folder), "--lengths", "400", "--samples", "1", "--max-new-tokens", "1", "--methods", "window", "--positions", "bounded"]
+    return cli_q([*argv, "--out", str(ctx.path("r"))])
+
+
+def _cache_load_from(ctx: Ctx):
+    from lola.integrations.transformers import LoLACache, apply_lola
+
+    model, _ = tiny()
+    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4))
+    return LoLACache.load(_maps(ctx), model)
+
+
+def _from_pretrained_maps(ctx: Ctx):
+    from lola.integrations.transformers import from_pretrained
+
+    return from_pretrained(_maps(ctx))
+
+
+def _apply_cache_folder_as_maps(ctx: Ctx):
+    from lola.integrations.transformers import apply_lola
+
+    saved_cache(ctx.path("c"))
+    model, _ = tiny()
+    return apply_lola(model, lola.LoLAConfig(window=8, sparse_size=0), feature_maps=ctx.path("c"))
+
+
+BATCH_3 = [
+    Case(
+        "m3-niah-maps-description-cut",
+        "messages",
+        "lola niah --feature-maps mymaps whose lola_config.json is cut in half",
+        _niah_maps(_cut_description),
+        refuse("mymaps", "lola_config.json"),
+    ),
+    Case(
+        "m3-niah-maps-tensor-missing",
+        "messages",
+        "lola niah --feature-maps mymaps whose feature_maps.safetensors lacks layer 1's key map (sums recomputed)",
+        _niah_maps(_drop_layer_1_map),
+        refuse("mymaps|feature_maps.safetensors", "layers.1|layer 1"),
+    ),
+    Case(
+        "m3-perplexity-maps-geometry-edited",
+        "messages",
+        "lola perplexity --methods hybrid --feature-maps mymaps whose description says 8 heads (the tensors hold 4)",
+        lambda ctx: ppl(ctx, perplexity(method="hybrid"), "--feature-maps", _maps(ctx, _geometry_heads_8)),
+        refuse("mymaps"),
+    ),
+    Case(
+        "m3-calibrate-maps-description-cut",
+        "messages",
+        "lola calibrate --feature-maps mymaps whose lola_config.json is cut in half",
+        lambda ctx: cli(
+            [
+                "calibrate",
+                "--model",
+                "tiny-random-llama",
+                "--length",
+                "256",
+                "--prompts",
+                "1",
+                "--feature-maps",
+                _maps(ctx, _cut_description),
+                "--out",
+                str(ctx.path("b.json")),
+            ]
+        ),
+        refuse("--feature-maps|mymaps", "lola_config.json"),
+    ),
+    Case(
+        "m3-fit-scorer-maps-missing",
+        "messages",
+        "lola fit-scorer --feature-maps no_such_maps (no such folder)",
+        lambda ctx: fit(ctx, "s.safetensors", "--feature-maps", str(ctx.path("no_such_maps"))),
+        refuse("no_such_maps"),
+    ),
+    Case(
+        "m3-export-maps-tensor-nan",
+        "messages",
+        "lola export --feature-maps mymaps holding a NaN map (sums recomputed)",
+        lambda ctx: cli(["export", "--model", "tiny-random-llama", "--feature-maps", _maps(ctx, _nan_map), "--out", str(ctx.path("e"))]),
+        refuse("mymaps|feature_maps.safetensors", "layers.0|layer 0"),
+    ),
+    Case(
+        "m3-linearize-stage-2-maps-cut",
+        "messages",
+        "lola linearize --stage 2 --feature-maps mymaps (its lola_config.json cut in half) --out lin2",
+        lambda ctx: cli(
+            ["linearize", "--quick", "--stage", "2", "--stage2-steps", "1", "--feature-maps", _maps(ctx, _cut_description), "--out", str(ctx.path("lin2"))]
+        ),
+        refuse("mymaps", "lola_config.json"),
+    ),
+    Case(
+        "m3-niah-budgets-power-a-word",
+        "messages",
+        'lola niah --methods lola --budgets b.json whose power is "half"',
+        lambda ctx: cli([*LOLA, "--budgets", _budgets_json(ctx, power="half"), "--out", str(ctx.path("r"))]),
+        refuse("b.json", "power"),
+    ),
+    Case(
+        "m3-perplexity-budgets-missing",
+        "messages",
+        "lola perplexity --methods lola --budgets missing.json (no such file)",
+        lambda ctx: ppl(ctx, PPL_LOLA, "--budgets", str(ctx.path("missing.json"))),
+        refuse("missing.json"),
+    ),
+    Case(
+        "m3-perplexity-budgets-other-heads",
+        "messages",
+        "lola perplexity --methods lola --budgets b.json made for 3 K/V heads (the model has 2)",
+        lambda ctx: ppl(ctx, PPL_LOLA, "--budgets", _budgets_json(ctx, kv=3)),
+        refuse("--budgets", "b.json"),
+    ),
+    Case(
+        "m3-perplexity-budgets-negative-score",
+        "messages",
+        "lola perplexity --methods lola --budgets b.json with a negative retrieval score",
+        lambda ctx: ppl(ctx, PPL_LOLA, "--budgets", _budgets_json(ctx, scores=[[-1.0, 1.0], [1.0, 1.0]])),
+        refuse("b.json", "scores"),
+    ),
+    Case(
+        "m3-niah-variant-budgets-missing",
+        "messages",
+        "lola niah --config: a lola variant whose budgets is missing.json (no such file)",
+        niah_config("variants:\n  a:\n    budgets: missing.json\n", argv=LOLA),
+        refuse("missing.json"),
+    ),
+    Case(
+        "m3-niah-config-positions-typo",
+        "messages",
+        "lola niah --config with positions: bound (not absolute or bounded)",
+        niah_config("positions: bound\n"),
+        refuse("positions", "bound"),
+    ),
+    Case(
+        "m3-niah-share-cap-from-without-cap",
+        "messages",
+        "lola niah --methods lola --linear-share-cap-from 64 (no --linear-share-cap)",
+        lambda ctx: cli([*LOLA, "--linear-share-cap-from", "64", "--out", str(ctx.path("r"))]),
+        refuse("--linear-share-cap-from"),
+    ),
+    Case(
+        "m3-perplexity-exact-distance-without-bounded",
+        "messages",
+        "lola perplexity --methods lola --exact-distance 512 (positions left absolute)",
+        lambda ctx: ppl(ctx, PPL_LOLA, "--exact-distance", "512"),
+        refuse("--exact-distance", "--positions"),
+    ),
+    Case(
+        "m3-niah-state-positions-without-bounded",
+        "messages",
+        "lola niah --methods lola --state-positions 512 (positions left absolute)",
+        lambda ctx: cli([*LOLA, "--state-positions", "512", "--out", str(ctx.path("r"))]),
+        refuse("--state-positions", "--positions"),
+    ),
+    Case(
+        "m3-niah-exact-distance-below-window",
+        "messages",
+        "lola niah --methods lola --window 8 --positions bounded --exact-distance 4",
+        lambda ctx: cli([*LOLA, "--positions", "bounded", "--exact-distance", "4", "--out", str(ctx.path("r"))]),
+        refuse("--exact-distance"),
+    ),
+    Case(
+        "m3-niah-bounded-on-dynamic-rope",
+        "messages",
+        "lola niah --model FOLDER --positions bounded, the folder a Llama with dynamic RoPE scaling",
+        _dynamic_rope_folder,
+        refuse("--positions|bounded", "dynamic"),
+    ),
+    Case(
+        "m3-lm-eval-lola-config-exact-distance-absolute",
+        "messages",
+        "lm-eval LoLALM(lola_config=c.yaml) whose file sets exact_distance: 512 with absolute positions",
+        _lm_config("window: 8\nexact_distance: 512\n"),
+        refuse("exact_distance", "c.yaml"),
+    ),
+    Case(
+        "m3-probe-methods-without-state",
+        "messages",
+        "lola probe --methods full window (no method holds a state to probe)",
+        lambda ctx: cli([*PROBE[:-1], "full", "window", "--out", str(ctx.path("p"))]),
+        refuse("--methods"),
+    ),
+    Case(
+        "m3-sweep-budget-leaves-no-room",
+        "messages",
+        "lola sweep --budgets 1/400 (one exact token of 400: no room beside 4 sinks)",
+        lambda ctx: cli([*SWEEP, "--budgets", "1/400", "--out", str(ctx.path("s"))]),
+        refuse("--budgets", "1/400"),
+    ),
+    Case(
+        "m3-fit-scorer-min-future-beyond-length",
+        "messages",
+        "lola fit-scorer --length 96 --min-future 1000 (no key has 1000 queries after it in 96 tokens)",
+        lambda ctx: fit(ctx, "s.safetensors", "--min-future", "1000"),
+        refuse("--min-future"),
+    ),
+    Case(
+        "m3-linearize-text-empty-folder",
+        "messages",
+        "lola linearize --text emptydir (a folder holding no text)",
+        lambda ctx: (ctx.path("emptydir").mkdir(), cli([*LINEARIZE, "--text", str(ctx.path("emptydir")), "--out", str(ctx.path("lin"))]))[1],
+        refuse("--text", "emptydir"),
+    ),
+    Case(
+        "m3-export-config-window-a-string",
+        "messages",
+        "lola export --config c.yaml with window: '64' (a string)",
+        lambda ctx: cli(["export", "--model", "tiny-random-llama", "--config", str(ctx.write("c.yaml", "window: '64'\n")), "--out", str(ctx.path("e"))]),
+        refuse("--config|c.yaml", "window"),
+    ),
+    Case(
+        "m3-cache-load-from-maps-folder",
+        "messages",
+        "LoLACache.load(mymaps, model) where mymaps is a feature-map folder",
+        _cache_load_from,
+        refuse("mymaps", "cache.json"),
+    ),
+    Case(
+        "m3-from-pretrained-maps-folder",
+        "messages",
+        "lola.from_pretrained(mymaps) where mymaps is a feature-map folder (no model)",
+        _from_pretrained_maps,
+        refuse("mymaps", "config.json"),
+    ),
+    Case(
+        "m3-apply-lola-cache-folder-as-maps",
+        "messages",
+        "apply_lola(model, config, feature_maps=c) where c holds a saved LoLACache",
+        _apply_cache_folder_as_maps,
+        refuse("lola_config.json|feature_maps.safetensors"),
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2), *in_batch(3, BATCH_3)]

@@ -10,9 +10,18 @@ Batch 2. Finite values at the edge of float64 (1e308, subnormals, negative zero)
 variant, per-head lists of the wrong length, seeds that torch cannot take, the training configs'
 own schemas reached through the API, a generation that would run past the model's positions, and
 NaN written into a saved LoLA model's weights.
+
+Batch 3. The limits of bounded positions (``exact_distance``, ``state_positions``: zero, negative,
+beyond the model's context, a bool, a float, a string) through the config, ``lola niah``, ``lola
+perplexity``, ``lola probe``, ``lola export --config``, lm-eval and ``lola.compose``; booleans where
+numbers belong and numbers (or truthy strings) where booleans belong, in YAML and JSON config
+files, variants, ``LoLAConfig``, ``apply_lola(force=)``, ``export_pretrained(vllm=)`` and
+``calibrate()``; a float where the sweep spec takes a fraction string.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import torch
@@ -23,11 +32,13 @@ from ...common import edit_cache, write_random_maps
 from ..builders import (
     LINEARIZE,
     LOLA,
+    NIAH,
     NIAH_LOLA,
     PPL,
     attend,
     budgets_file,
     continue_with,
+    described,
     edit_json,
     hay,
     ids,
@@ -36,6 +47,9 @@ from ..builders import (
     niah,
     niah_config,
     niah_option,
+    perplexity,
+    ppl,
+    probe,
     saved_cache,
     status,
     tiny,
@@ -581,4 +595,266 @@ BATCH_2 = [
     ),
 ]
 
-CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]
+
+# -- batch 3: written before the round-three fixes, to measure them ---------------------------------
+
+
+def _bounded(**fields):
+    return lambda ctx: lola.LoLAConfig(positions="bounded", **fields)
+
+
+def _niah_yaml(text: str, argv: list[str] | None = None):
+    """lola niah (:data:`NIAH`, or ``argv``) with ``--config opts.yaml`` holding ``text``."""
+    return niah_config(text, argv=argv)
+
+
+def _without(option: str) -> list[str]:
+    """:data:`NIAH` without ``option`` and its value (a command-line option overrides the config file's)."""
+    i = NIAH.index(option)
+    return [*NIAH[:i], *NIAH[i + 2 :]]
+
+
+def _export_pretrained(**kwargs):
+    def run(ctx: Ctx):
+        from lola.integrations.transformers.export import export_pretrained
+
+        model, tok = tiny()
+        export_pretrained(model, tok, ctx.path("e"), lola.LoLAConfig(window=8, sparse_size=4), **kwargs)
+        return json.loads((ctx.path("e") / "config.json").read_text()).get("architectures")
+
+    return run
+
+
+def _calibrate_api(**kwargs):
+    def run(ctx: Ctx):
+        from lola.eval.calibrate import calibrate
+
+        model, tok = tiny()
+        return calibrate(model, tok, length=256, prompts=1, progress=False, **kwargs)
+
+    return run
+
+
+def _apply_force(value):
+    def run(ctx: Ctx):
+        from lola.integrations.transformers import apply_lola
+
+        return apply_lola(tiny()[0], lola.LoLAConfig(window=8, sparse_size=4), force=value)
+
+    return run
+
+
+def _compose_bounded(rotary_dim: int | None):
+    def run(ctx: Ctx):
+        from lola.core.positions import RotaryEmbedding
+
+        rotary = None if rotary_dim is None else RotaryEmbedding.from_theta(10000.0, rotary_dim)
+        cfg = lola.LoLAConfig(window=8, sparse_size=4, sinks=2, chunk=4, positions="bounded", exact_distance=16, state_positions=32)
+        attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2, rotary=rotary)
+        return attend(attn, 40)[0]
+
+    return run
+
+
+def _bounded_positions_object(**fields):
+    def run(ctx: Ctx):
+        from lola.core.positions import BoundedPositions, RotaryEmbedding
+
+        return BoundedPositions(RotaryEmbedding.from_theta(10000.0, 8), **{"exact_distance": 16, "state_positions": 32, **fields})
+
+    return run
+
+
+def _export_config(text: str):
+    def run(ctx: Ctx):
+        return cli(["export", "--model", "tiny-random-llama", "--config", str(ctx.write("c.yaml", text)), "--out", str(ctx.path("e"))])
+
+    return run
+
+
+BATCH_3 = [
+    Case("n3-config-exact-distance-zero", "numbers", "LoLAConfig(positions='bounded', exact_distance=0)", _bounded(exact_distance=0), refuse("exact_distance")),
+    Case(
+        "n3-config-state-positions-zero",
+        "numbers",
+        "LoLAConfig(positions='bounded', state_positions=0)",
+        _bounded(state_positions=0),
+        refuse("state_positions"),
+    ),
+    _misread(
+        "n3-config-exact-distance-true",
+        "LoLAConfig(positions='bounded', exact_distance=True)",
+        _bounded(exact_distance=True),
+        "exact_distance",
+        "exact_distance=1",
+    ),
+    _misread(
+        "n3-config-state-positions-float",
+        "LoLAConfig(positions='bounded', state_positions=512.0)",
+        _bounded(state_positions=512.0),
+        "state_positions",
+        "state_positions=512",
+    ),
+    Case(
+        "n3-niah-exact-distance-beyond-context",
+        "numbers",
+        "lola niah --positions bounded --exact-distance 100000 on the tiny model (8192 positions)",
+        lambda ctx: niah(ctx, "r", "--positions", "bounded", "--exact-distance", "100000"),
+        refuse("--exact-distance"),
+    ),
+    Case(
+        "n3-niah-state-positions-beyond-context",
+        "numbers",
+        "lola niah --positions bounded --state-positions 100000 on the tiny model (8192 positions)",
+        lambda ctx: niah(ctx, "r", "--positions", "bounded", "--state-positions", "100000"),
+        refuse("--state-positions"),
+    ),
+    Case(
+        "n3-perplexity-state-positions-zero",
+        "numbers",
+        "lola perplexity --methods hybrid --positions bounded --state-positions 0",
+        lambda ctx: ppl(ctx, perplexity(method="hybrid"), "--positions", "bounded", "--state-positions", "0"),
+        refuse("--state-positions"),
+    ),
+    Case(
+        "n3-probe-exact-distance-negative",
+        "numbers",
+        "lola probe --positions bounded --exact-distance -5",
+        lambda ctx: probe(ctx, "p", "--positions", "bounded", "--exact-distance", "-5"),
+        refuse("--exact-distance"),
+    ),
+    Case(
+        "n3-niah-config-exact-distance-string",
+        "numbers",
+        "lola niah --config with positions: bounded and exact_distance: '512' (a string)",
+        _niah_yaml("positions: bounded\nexact_distance: '512'\n"),
+        refuse("exact_distance|--exact-distance"),
+    ),
+    Case("n3-niah-config-window-true", "numbers", "lola niah --config with window: true", _niah_yaml("window: true\n"), refuse("window|--window")),
+    Case(
+        "n3-niah-config-json-samples-float",
+        "numbers",
+        'lola niah --config opts.json with {"samples": 1.0} (no --samples on the command line)',
+        niah_config('{"samples": 1.0}', "opts.json", argv=_without("--samples")),
+        refuse("samples|--samples", check=described("the float 1.0 was read as samples 1")),
+    ),
+    Case(
+        "n3-niah-config-batch-size-true",
+        "numbers",
+        "lola niah --config with batch_size: true",
+        _niah_yaml("batch_size: true\n"),
+        refuse("batch_size|--batch-size"),
+    ),
+    Case(
+        "n3-niah-config-batch-size-float",
+        "numbers",
+        "lola niah --config with batch_size: 2.0",
+        _niah_yaml("batch_size: 2.0\n"),
+        refuse("batch_size|--batch-size"),
+    ),
+    Case("n3-niah-config-seed-true", "numbers", "lola niah --config with seed: true", _niah_yaml("seed: true\n"), refuse("seed|--seed")),
+    Case(
+        "n3-niah-config-max-new-tokens-string",
+        "numbers",
+        "lola niah --config with max_new_tokens: '1' (a string; no --max-new-tokens on the command line)",
+        _niah_yaml("max_new_tokens: '1'\n", argv=_without("--max-new-tokens")),
+        refuse("max_new_tokens|--max-new-tokens", check=described("the string '1' was read as max_new_tokens 1")),
+    ),
+    Case(
+        "n3-niah-variant-affine-one",
+        "numbers",
+        "lola niah --config: a lola variant with mixing lolcats and affine: 1 (a number where a bool belongs)",
+        _niah_yaml("variants:\n  a:\n    mixing: lolcats\n    affine: 1\n", argv=LOLA),
+        refuse("affine"),
+    ),
+    Case(
+        "n3-niah-variant-check-inputs-no",
+        "numbers",
+        "lola niah --config: a lola variant with check_inputs: 'no' (a string where a bool belongs)",
+        _niah_yaml("variants:\n  a:\n    check_inputs: 'no'\n", argv=LOLA),
+        refuse("check_inputs"),
+    ),
+    _misread("n3-config-affine-one", "LoLAConfig(mixing='lolcats', affine=1)", _config(mixing="lolcats", affine=1), "affine", "affine=True"),
+    _misread("n3-config-check-inputs-zero", "LoLAConfig(check_inputs=0)", _config(check_inputs=0), "check_inputs", "check_inputs=False"),
+    _misread(
+        "n3-config-share-cap-from-true",
+        "LoLAConfig(mixing='lola_authors', linear_share_cap=0.5, linear_share_cap_from=True)",
+        _config(mixing="lola_authors", linear_share_cap=0.5, linear_share_cap_from=True),
+        "linear_share_cap_from",
+        "linear_share_cap_from=1",
+    ),
+    _misread("n3-apply-lola-force-one", "apply_lola(model, config, force=1)", _apply_force(1), "force", "force=True"),
+    _misread("n3-apply-lola-force-zero", "apply_lola(model, config, force=0)", _apply_force(0), "force", "force=False"),
+    _misread(
+        "n3-export-pretrained-vllm-string-false",
+        "export_pretrained(model, tok, out, config, vllm='false') (a truthy string)",
+        _export_pretrained(vllm="false"),
+        "vllm",
+        "vllm=True: config.json names the vLLM plug-in's architecture",
+    ),
+    _misread(
+        "n3-calibrate-api-sparse-size-true",
+        "lola.eval.calibrate.calibrate(..., sparse_size=True)",
+        _calibrate_api(sparse_size=True),
+        "sparse_size",
+        "sparse_size=1",
+    ),
+    Case(
+        "n3-calibrate-api-power-nan",
+        "numbers",
+        "lola.eval.calibrate.calibrate(..., power=nan)",
+        _calibrate_api(power=float("nan")),
+        refuse("power", check=described("calibrated with power NaN")),
+    ),
+    _misread(
+        "n3-sweep-spec-budget-a-float",
+        "BudgetSweep(budgets=[0.125]) through the API (a float where a fraction string belongs)",
+        lambda ctx: __import__("lola.eval.budget_sweep", fromlist=["BudgetSweep"]).BudgetSweep(budgets=[0.125]),
+        "budgets",
+        "budget '0.125'",
+    ),
+    _misread(
+        "n3-lm-eval-exact-distance-fraction",
+        "lm-eval model_args positions=bounded,exact_distance=512.5",
+        lambda ctx: lm_eval_model("pretrained=tiny-random-llama,positions=bounded,exact_distance=512.5"),
+        "exact_distance",
+        "exact_distance=512",
+    ),
+    _misread(
+        "n3-lm-eval-state-positions-true",
+        "lm-eval model_args positions=bounded,state_positions=true",
+        lambda ctx: lm_eval_model("pretrained=tiny-random-llama,positions=bounded,state_positions=true"),
+        "state_positions",
+        "state_positions=1",
+    ),
+    Case(
+        "n3-export-config-exact-distance-beyond-context",
+        "numbers",
+        "lola export --config with positions: bounded and exact_distance: 100000 (the model holds 8192 positions)",
+        _export_config("positions: bounded\nexact_distance: 100000\n"),
+        refuse("exact_distance"),
+    ),
+    Case(
+        "n3-compose-bounded-without-rotary",
+        "numbers",
+        "lola.compose of a bounded-positions config without rotary=, run over 40 tokens",
+        _compose_bounded(None),
+        refuse("rotary"),
+    ),
+    Case(
+        "n3-compose-rotary-wider-than-head",
+        "numbers",
+        "lola.compose(bounded config, head_dim=8, rotary of 16 dimensions), run over 40 tokens",
+        _compose_bounded(16),
+        refuse("rotary"),
+    ),
+    _misread(
+        "n3-bounded-positions-exact-distance-true",
+        "lola.BoundedPositions(rotary, exact_distance=True, state_positions=32)",
+        _bounded_positions_object(exact_distance=True),
+        "exact_distance",
+        "exact_distance=1",
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2), *in_batch(3, BATCH_3)]

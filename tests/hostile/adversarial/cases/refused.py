@@ -10,6 +10,12 @@ reads back other than through ``read_json`` (a feature-map description, ``cache.
 string for ``force``, a YAML alias bomb and Python tags in ``--config``, a haystack whose only
 sentence is longer than the context (silently dropped), duplicates in the lists of other commands,
 and names one letter-case away from a valid one.
+
+Batch 3. Options that would do nothing, given with methods, stages, targets or rules they do not
+affect: position limits with full attention or without bounded positions, budgets and policies
+without a sparse cache, the mixing rule of the window method, fold options without a fold, a share
+cap without a share, feature sizes of a map that has none, ``--from-lora`` with nothing to continue
+from, layers a model does not have; and one budget given twice under two spellings.
 """
 
 from __future__ import annotations
@@ -22,7 +28,32 @@ import torch
 import lola
 
 from ...common import rehash_maps, tiny_model, write_random_maps
-from ..builders import EXPORT, LINEARIZE, NIAH, NIAH_LOLA, PPL, PROSE, hay, lm_eval_model, niah, niah_config, niah_option, patched, saved_cache, status, tiny
+from ..builders import (
+    EXPORT,
+    LINEARIZE,
+    LOLA,
+    NIAH,
+    NIAH_LOLA,
+    PPL,
+    PPL_NO_LOLA,
+    PROSE,
+    SWEEP,
+    budgets_file,
+    described,
+    fit,
+    hay,
+    lm_eval_model,
+    maps_folder,
+    niah,
+    niah_config,
+    niah_option,
+    patched,
+    ppl,
+    probe,
+    saved_cache,
+    status,
+    tiny,
+)
 from ..harness import Case, CaseFailure, Ctx, accept, cli, either, ensure, export, in_batch, refuse
 
 
@@ -484,4 +515,241 @@ BATCH_2 = [
     ),
 ]
 
-CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]
+
+# -- batch 3: written before the round-three fixes, to measure them ---------------------------------
+
+FULL = ["--methods", "full"]
+
+
+def _niah_full(*extra: str):
+    """lola niah of full attention alone with ``extra`` options (each of which sets another method only)."""
+    return lambda ctx: niah(ctx, "r", *FULL, *extra)
+
+
+def _niah_with_file(option: str, make, *extra: str):
+    """lola niah (:data:`NIAH`, ``extra``) with ``option`` naming what ``make(ctx)`` writes."""
+    return lambda ctx: niah(ctx, "r", *extra, option, str(make(ctx)))
+
+
+def _apply(cfg: lola.LoLAConfig):
+    def run(ctx: Ctx):
+        from lola.integrations.transformers import apply_lola
+
+        return apply_lola(tiny()[0], cfg)
+
+    return run
+
+
+def _nothing(what: str):
+    return described(what)
+
+
+BATCH_3 = [
+    Case(
+        "x3-niah-full-positions-bounded",
+        "refused",
+        "lola niah --methods full --positions bounded (positions bound every method but full)",
+        _niah_full("--positions", "bounded"),
+        refuse("--positions"),
+    ),
+    Case(
+        "x3-niah-full-exact-distance",
+        "refused",
+        "lola niah --methods full --exact-distance 512 (no bounded positions, and full attention has none)",
+        _niah_full("--exact-distance", "512"),
+        refuse("--exact-distance"),
+    ),
+    Case(
+        "x3-niah-full-window",
+        "refused",
+        "lola niah --methods full --window 16 (full attention has no window)",
+        _niah_full("--window", "16"),
+        refuse("--window"),
+    ),
+    Case("x3-niah-full-sinks", "refused", "lola niah --methods full --sinks 2 (full attention pins nothing)", _niah_full("--sinks", "2"), refuse("--sinks")),
+    Case(
+        "x3-niah-full-feature-maps",
+        "refused",
+        "lola niah --methods full --feature-maps FOLDER (maps are loaded into every method but full)",
+        _niah_with_file("--feature-maps", maps_folder, *FULL),
+        refuse("--feature-maps"),
+    ),
+    Case(
+        "x3-niah-window-budgets-file",
+        "refused",
+        "lola niah --methods window --budgets b.json (budgets size the lola method's sparse cache)",
+        _niah_with_file("--budgets", lambda ctx: budgets_file(ctx.path("b.json"))),
+        refuse("--budgets"),
+    ),
+    Case(
+        "x3-niah-window-mixing",
+        "refused",
+        "lola niah --methods window --mixing lolcats (the window method reads its exact tokens alone)",
+        lambda ctx: niah(ctx, "r", "--mixing", "lolcats"),
+        refuse("--mixing"),
+    ),
+    Case(
+        "x3-niah-sre-fold-repeats",
+        "refused",
+        "lola niah --methods lola --policies sre --fold-repeats 0.9 (repeats are folded under the learned policy only)",
+        lambda ctx: cli([*LOLA, "--policies", "sre", "--fold-repeats", "0.9", "--out", str(ctx.path("r"))]),
+        refuse("--fold-repeats"),
+    ),
+    Case(
+        "x3-niah-fold-copies-with-fold-off",
+        "refused",
+        "lola niah --methods lola --fold-copies 2 with repeats not folded (no feature maps: --fold-repeats is 0)",
+        lambda ctx: cli([*LOLA, "--fold-copies", "2", "--out", str(ctx.path("r"))]),
+        refuse("--fold-copies"),
+    ),
+    Case(
+        "x3-niah-share-cap-softmax-only",
+        "refused",
+        "lola niah --methods lola --linear-share-cap 0.5 with the softmax_only rule (the state has no share of the output)",
+        lambda ctx: cli([*LOLA, "--linear-share-cap", "0.5", "--out", str(ctx.path("r"))]),
+        refuse("--linear-share-cap"),
+    ),
+    Case(
+        "x3-niah-config-gqa-storage-full-only",
+        "refused",
+        "lola niah --methods full --config with gqa_storage: query_head (a storage of methods that do not run)",
+        niah_config("gqa_storage: query_head\n", argv=[*NIAH[:-2], *FULL]),
+        refuse("gqa_storage"),
+    ),
+    Case(
+        "x3-perplexity-policy-without-lola",
+        "refused",
+        "lola perplexity --methods full hybrid --policy recency (the policy scores the lola method's sparse cache)",
+        lambda ctx: ppl(ctx, PPL_NO_LOLA, "--policy", "recency"),
+        refuse("--policy"),
+    ),
+    Case(
+        "x3-perplexity-sparse-size-without-lola",
+        "refused",
+        "lola perplexity --methods full hybrid --sparse-size 32 (the hybrid keeps its window alone here)",
+        lambda ctx: ppl(ctx, PPL_NO_LOLA, "--sparse-size", "32"),
+        refuse("--sparse-size"),
+    ),
+    Case(
+        "x3-perplexity-budgets-without-lola",
+        "refused",
+        "lola perplexity --methods full hybrid --budgets auto (budgets size the lola method's sparse cache)",
+        lambda ctx: ppl(ctx, PPL_NO_LOLA, "--budgets", "auto"),
+        refuse("--budgets"),
+    ),
+    Case(
+        "x3-perplexity-generate-windows-without-generation",
+        "refused",
+        "lola perplexity --generate 0 --generate-windows 3",
+        lambda ctx: ppl(ctx, None, "--generate-windows", "3"),
+        refuse("--generate-windows"),
+    ),
+    Case(
+        "x3-perplexity-full-positions-bounded",
+        "refused",
+        "lola perplexity --methods full --positions bounded",
+        lambda ctx: ppl(ctx, None, "--positions", "bounded"),
+        refuse("--positions"),
+    ),
+    Case(
+        "x3-perplexity-full-exact-distance",
+        "refused",
+        "lola perplexity --methods full --exact-distance 512 (no bounded positions)",
+        lambda ctx: ppl(ctx, None, "--exact-distance", "512"),
+        refuse("--exact-distance"),
+    ),
+    Case(
+        "x3-probe-exact-distance-without-bounded",
+        "refused",
+        "lola probe --methods hybrid --exact-distance 512 (positions left absolute)",
+        lambda ctx: probe(ctx, "p", "--exact-distance", "512"),
+        refuse("--exact-distance"),
+    ),
+    Case(
+        "x3-fit-scorer-kvzip-with-future-options",
+        "refused",
+        "lola fit-scorer --target kvzip --min-distance 8 --min-future 16 (options of the future target)",
+        lambda ctx: fit(ctx, "s.safetensors", "--target", "kvzip"),
+        refuse("--min-distance|--min-future"),
+    ),
+    Case(
+        "x3-linearize-identity-map-feature-dim",
+        "refused",
+        "lola linearize --feature-map hedgehog_identity --feature-dim 32 (that map's size is the head's)",
+        lambda ctx: cli([*LINEARIZE, "--feature-map", "hedgehog_identity", "--feature-dim", "32", "--out", str(ctx.path("lin"))]),
+        refuse("--feature-dim"),
+    ),
+    Case(
+        "x3-linearize-from-lora-without-feature-maps",
+        "refused",
+        "lola linearize --quick --from-lora (both stages, no --feature-maps to continue from)",
+        lambda ctx: cli(["linearize", "--quick", "--from-lora", "--steps", "2", "--train-chunks", "1", "--out", str(ctx.path("lin"))]),
+        refuse("--from-lora"),
+        timeout=180,
+    ),
+    Case(
+        "x3-config-identity-map-feature-dim",
+        "refused",
+        "LoLAConfig(feature_map='hedgehog_identity', feature_dim=32)",
+        lambda ctx: lola.LoLAConfig(feature_map="hedgehog_identity", feature_dim=32),
+        refuse("feature_dim", check=_nothing("feature_dim does nothing with hedgehog_identity")),
+    ),
+    Case(
+        "x3-config-share-cap-softmax-only",
+        "refused",
+        "LoLAConfig(linear_share_cap=0.5) with the default softmax_only rule",
+        lambda ctx: lola.LoLAConfig(linear_share_cap=0.5),
+        refuse("linear_share_cap", check=_nothing("the cap does nothing when the state has no share")),
+    ),
+    Case(
+        "x3-config-window-factor-init-softmax-only",
+        "refused",
+        "LoLAConfig(window_factor_init=0.0) with the softmax_only rule (no window factor is read)",
+        lambda ctx: lola.LoLAConfig(window_factor_init=0.0),
+        refuse("window_factor_init", check=_nothing("the window factor is never read")),
+    ),
+    Case(
+        "x3-config-chunk-with-tokenwise",
+        "refused",
+        "LoLAConfig(schedule='tokenwise', chunk=16) (the tokenwise schedule steps every token)",
+        lambda ctx: lola.LoLAConfig(schedule="tokenwise", chunk=16),
+        refuse("chunk", check=_nothing("chunk does nothing under the tokenwise schedule")),
+    ),
+    Case(
+        "x3-config-policy-options-without-sparse-cache",
+        "refused",
+        "LoLAConfig(sparse_size=0, policy='random', policy_kwargs={'seed': 3}) (nothing to score)",
+        lambda ctx: lola.LoLAConfig(sparse_size=0, policy="random", policy_kwargs={"seed": 3}),
+        refuse("policy", check=_nothing("a policy with options scores no sparse cache")),
+    ),
+    Case(
+        "x3-apply-layer-overrides-beyond-model",
+        "refused",
+        "apply_lola(2-layer model, layer_overrides={5: {'window': 16}})",
+        _apply(lola.LoLAConfig(layer_overrides={5: {"window": 16}})),
+        refuse("layer_overrides|5"),
+    ),
+    Case(
+        "x3-apply-full-attention-layers-beyond-model",
+        "refused",
+        "apply_lola(2-layer model, full_attention_layers=[7])",
+        _apply(lola.LoLAConfig(full_attention_layers=[7])),
+        refuse("full_attention_layers|7"),
+    ),
+    Case(
+        "x3-lm-eval-positions-without-lola",
+        "refused",
+        "lm-eval model_args apply_lola=false,positions=bounded (the stock model evaluated)",
+        lambda ctx: lm_eval_model("pretrained=tiny-random-llama,apply_lola=false,positions=bounded"),
+        refuse("positions"),
+    ),
+    Case(
+        "x3-sweep-one-budget-two-spellings",
+        "refused",
+        "lola sweep --budgets 1/4 2/8 (one budget written twice)",
+        lambda ctx: cli([*SWEEP, "--budgets", "1/4", "2/8", "--out", str(ctx.path("s"))]),
+        refuse("budgets"),
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2), *in_batch(3, BATCH_3)]

@@ -11,6 +11,13 @@ and ``lola linearize``; a resume names the same content by another path; records
 prediction denies, a depth this sample never had); a variant's budgets file rewritten; ``lola
 calibrate`` and ``lola perplexity`` interrupted over an earlier output, or run again with other
 options.
+
+Batch 3. The other resumable commands and records taken on trust: ``probe.jsonl`` records given
+twice, edited, of another method, length or seed; ``lola sweep`` run again with other options (its
+``sweep.json`` would be replaced) or on an edited ``prose.txt``; ``samples.jsonl`` records
+stripped of the fields that expose an edit, or of another seed, a ``results.json`` of another run
+or with its inputs removed; ``--overwrite`` and ``--from-lora`` of ``lola linearize``; and
+folders renamed between a run and its resume (niah, probe, sweep, linearize, fit-scorer).
 """
 
 from __future__ import annotations
@@ -28,16 +35,22 @@ from ..builders import (
     PPL,
     PROSE,
     budgets_file,
+    described,
+    edit_json,
+    first_ok,
+    fit,
     hay,
     interrupt_after,
     loads,
     niah,
     other_weights,
     patched,
+    probe,
     results,
     samples,
     scripted,
     status,
+    sweep,
 )
 from ..harness import Case, CaseFailure, Ctx, accept, cli, either, ensure, export, in_batch, intact, refuse
 
@@ -659,4 +672,415 @@ BATCH_2 = [
     ),
 ]
 
-CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]
+
+# -- batch 3: written before the round-three fixes, to measure them ---------------------------------
+
+
+def _probe_summary(ctx: Ctx, out: str = "p") -> dict:
+    return json.loads((ctx.path(out) / "probe.json").read_text())["summary"]
+
+
+def _probe_records(ctx: Ctx, out: str = "p") -> list[dict]:
+    return [json.loads(line) for line in (ctx.path(out) / "probe.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _probe_edited(edit):
+    """A finished probe whose probe.jsonl is then edited by ``edit(records) -> records``, run again."""
+
+    def run(ctx: Ctx):
+        first_ok(probe(ctx))
+        ctx.first = _probe_summary(ctx)
+        path = ctx.path("p") / "probe.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in edit(_probe_records(ctx))))
+        return probe(ctx)
+
+    return run
+
+
+def _as_first_probe(result, ctx) -> None:
+    now, first = _probe_summary(ctx), ctx.first
+    cell, own = now.get("hybrid", {}).get("400", {}), first["hybrid"]["400"]
+    if (cell.get("accuracy"), cell.get("samples")) != (own["accuracy"], own["samples"]):
+        raise CaseFailure(
+            f"probe.json says {cell.get('accuracy')}% over {cell.get('samples')} samples; the run's own record: {own['accuracy']}% over {own['samples']}"
+        )
+    ensure(now == first, "probe.json now summarises another run's records: its per-layer shares and masses differ from this run's")
+
+
+def _probe_lacks(key: str, length: bool = False):
+    def check(result, ctx):
+        summary = _probe_summary(ctx)
+        found = "800" in summary.get("hybrid", {}) if length else key in summary
+        ensure(not found, f"probe.json reports {key}, which this run never probed (from an edited record)")
+
+    return check
+
+
+def _probe_of_another_seed(ctx: Ctx):
+    """probe.jsonl replaced by the records of the same probe with --seed 1, run again with seed 0."""
+    first_ok(probe(ctx))
+    ctx.first = _probe_summary(ctx)
+    first_ok(probe(ctx, "q", "--seed", "1"))
+    (ctx.path("p") / "probe.jsonl").write_bytes((ctx.path("q") / "probe.jsonl").read_bytes())
+    return probe(ctx)
+
+
+def _probe_moved(ctx: Ctx):
+    """lola probe of 2 prompts interrupted after one; the folder renamed; resumed under its new name."""
+    with loads(scripted(on_generate=interrupt_after(1))):
+        done = probe(ctx, "p", "--samples", "2")
+    if done.status != 130:
+        raise RuntimeError(f"the interrupted probe did not stop: {done!r}")
+    ctx.first_line = (ctx.path("p") / "probe.jsonl").read_text().splitlines()[0]
+    ctx.path("p").rename(ctx.path("moved"))
+    return probe(ctx, "moved", "--samples", "2")
+
+
+def _two_prompts_probed(result, ctx) -> None:
+    records = _probe_records(ctx, "moved")
+    ensure(sorted(r["index"] for r in records) == [0, 1], f"probe.jsonl holds prompts {[r['index'] for r in records]}")
+    ensure((ctx.path("moved") / "probe.jsonl").read_text().splitlines()[0] == ctx.first_line, "the record made before the move was replaced")
+    ensure(_probe_summary(ctx, "moved")["hybrid"]["400"]["samples"] == 2, "probe.json does not count both prompts")
+
+
+def _sweep_then(second: list[str], first: list[str] = ()):
+    """A finished sweep (``first`` options added), its folder protected, then run again with ``second``."""
+
+    def run(ctx: Ctx):
+        first_ok(sweep(ctx, "s", *first))
+        ctx.protect(ctx.path("s"))
+        return sweep(ctx, "s", *first, *second)
+
+    return run
+
+
+def _sweep_prose_edited(ctx: Ctx):
+    """A finished sweep on the prose haystack at 2048 tokens (prose.txt, which lola writes),
+    prose.txt then edited, run again."""
+    prose_sweep = ["--haystacks", "prose", "--lengths", "2048"]
+    first_ok(sweep(ctx, "s", *prose_sweep))
+    prose = ctx.path("s") / "prose.txt"
+    prose.write_text(prose.read_text() + " An extra sentence nobody wrote before.")
+    return sweep(ctx, "s", *prose_sweep)
+
+
+def _sweep_moved(ctx: Ctx):
+    """lola sweep interrupted after two of its four methods; the folder renamed; resumed there."""
+    with loads(scripted(on_generate=interrupt_after(2))):
+        done = sweep(ctx)
+    if done.status != 130:
+        raise RuntimeError(f"the interrupted sweep did not stop: {done!r}")
+    ctx.path("s").rename(ctx.path("moved"))
+    return sweep(ctx, "moved")
+
+
+def _four_methods_swept(result, ctx) -> None:
+    rows = json.loads((ctx.path("moved") / "sweep.json").read_text())["rows"]
+    methods = sorted(r["method"] for r in rows)
+    ensure(len(methods) == 4 and len(set(methods)) == 4, f"sweep.json holds rows of {methods}")
+    ensure(all(r["samples"] == 1 for r in rows), "a method counts other than one sample")
+
+
+def _niah_line(edit_record):
+    """A finished one-sample run whose samples.jsonl record is rewritten by ``edit_record(record, ctx)``; run again."""
+
+    def run(ctx: Ctx):
+        first_ok(niah(ctx, "r"))
+        path = ctx.path("r") / "samples.jsonl"
+        ctx.own = json.loads(path.read_text().splitlines()[0])
+        path.write_text(json.dumps(edit_record(dict(ctx.own), ctx)) + "\n")
+        return niah(ctx, "r")
+
+    return run
+
+
+def _required_only_flipped(rec: dict, ctx: Ctx) -> dict:
+    keep = {k: rec[k] for k in ("method", "length", "index", "depth", "score", "cache_bytes")}
+    keep["score"] = 1.0 - rec["score"]
+    return keep
+
+
+def _accuracy_of_own_sample(result, ctx) -> None:
+    acc = results(ctx)["summary"]["window"]["400"]["accuracy"]
+    ensure(
+        acc == 100 * ctx.own["score"],
+        f"the summary says {acc}% from a record stripped of its prediction and answers; the sample scored {100 * ctx.own['score']}%",
+    )
+
+
+def _record_of_seed_1(rec: dict, ctx: Ctx) -> dict:
+    first_ok(niah(ctx, "q", "--seed", "1"))
+    return json.loads((ctx.path("q") / "samples.jsonl").read_text().splitlines()[0])
+
+
+def _answers_of_this_run(result, ctx) -> None:
+    got = samples(ctx)[0]["answers"]
+    ensure(got == ctx.own["answers"], f"samples.jsonl now holds a sample with answers {got}; this run's sample asks for {ctx.own['answers']}")
+
+
+def _inputs_dropped_haystack_changed(ctx: Ctx):
+    hay(ctx)
+    first_ok(niah(ctx, "r", "--haystack-file", str(ctx.path("hay.txt"))))
+    edit_json(ctx.path("r") / "results.json", lambda d: d.pop("inputs"))
+    hay(ctx, text="Snow falls. Rivers freeze. Winds blow. Owls call. " * 80)
+    ctx.protect(ctx.path("r") / "samples.jsonl")
+    return niah(ctx, "r", "--haystack-file", str(ctx.path("hay.txt")))
+
+
+def _results_of_seed_1(ctx: Ctx):
+    """r (seed 0) finished; q (seed 1) finished; r's results.json replaced by q's; r resumed with --seed 1."""
+    first_ok(niah(ctx, "r"))
+    first_ok(niah(ctx, "q", "--seed", "1"))
+    ctx.own = json.loads((ctx.path("q") / "samples.jsonl").read_text().splitlines()[0])  # what seed 1's sample asks
+    (ctx.path("r") / "results.json").write_bytes((ctx.path("q") / "results.json").read_bytes())
+    return niah(ctx, "r", "--seed", "1")
+
+
+def _niah_renamed(ctx: Ctx):
+    with loads(scripted(on_generate=interrupt_after(1))):
+        done = niah(ctx, "r", "--samples", "2")
+    if done.status != 130:
+        raise RuntimeError(f"the interrupted run did not stop: {done!r}")
+    ctx.first_line = (ctx.path("r") / "samples.jsonl").read_text().splitlines()[0]
+    ctx.path("r").rename(ctx.path("r2"))
+    return niah(ctx, "r2", "--samples", "2")
+
+
+def _two_samples_in_r2(result, ctx) -> None:
+    got = sorted((r["method"], r["index"]) for r in samples(ctx, "r2"))
+    ensure(got == [("window", 0), ("window", 1)], f"samples.jsonl holds {got}")
+    ensure((ctx.path("r2") / "samples.jsonl").read_text().splitlines()[0] == ctx.first_line, "the sample made before the rename was redone")
+
+
+def _linearize_overwrite_window(ctx: Ctx):
+    out = str(ctx.path("lin"))
+    first_ok(cli([*LINEARIZE, "--out", out]))
+    return cli([*LINEARIZE, "--window", "8", "--overwrite", "--out", out])
+
+
+def _window_8_written(result, ctx) -> None:
+    window = json.loads((ctx.path("lin") / "lola_config.json").read_text())["lola_config"]["window"]
+    ensure(window == 8, f"lola_config.json holds window {window} after --window 8 --overwrite")
+
+
+def _linearize_overwrite_after_stage2(ctx: Ctx):
+    out = str(ctx.path("lin"))
+    first_ok(cli([*LINEARIZE, "--out", out]), "stage 1")
+    first_ok(cli([*STAGE2, "--stage2-steps", "2", "--out", out]), "stage 2")
+    return cli([*LINEARIZE, "--overwrite", "--out", out])
+
+
+def _adapters_gone(result, ctx) -> None:
+    from lola.pretrained.folder import read_feature_maps
+
+    left = sorted(p.name for p in ctx.path("lin").iterdir())
+    ensure(not (ctx.path("lin") / "lora.safetensors").exists(), f"the stage-2 adapters made on the old maps are still there: {left}")
+    ensure(read_feature_maps(ctx.path("lin")).lora is None, "the folder still reads as a stage-2 folder")
+
+
+def _stage2_from_lora_without_adapters(ctx: Ctx):
+    first_ok(cli([*LINEARIZE, "--out", str(ctx.path("lin"))]))
+    ctx.protect(ctx.path("lin"))
+    return cli([*STAGE2, "--stage2-steps", "2", "--from-lora", "--feature-maps", str(ctx.path("lin")), "--out", str(ctx.path("lin2"))])
+
+
+def _linearize_renamed(ctx: Ctx):
+    first_ok(cli([*LINEARIZE, "--out", str(ctx.path("lin"))]))
+    ctx.path("lin").rename(ctx.path("lin2"))
+    return cli([*LINEARIZE, "--steps", "4", "--out", str(ctx.path("lin2"))])
+
+
+def _fit_moved(ctx: Ctx):
+    """lola fit-scorer interrupted after its first chunk (f/s.safetensors.partial); f renamed to
+    g; the same command run with --out g/s.safetensors."""
+    with loads(scripted(on_forward=interrupt_after(1))):
+        done = fit(ctx, "f/s.safetensors")
+    if done.status != 130 or not ctx.path("f/s.safetensors.partial").is_file():
+        raise RuntimeError(f"the interrupted fit did not stop after a checkpoint: {done!r}")
+    ctx.path("f").rename(ctx.path("g"))
+    return fit(ctx, "g/s.safetensors")
+
+
+def _fit_resumed(result, ctx) -> None:
+    ensure(result.status == 0, f"exit {result.status}")
+    ensure("resuming after 1" in result.out, "the fit started anew instead of resuming from its checkpoint")
+    ensure(ctx.path("g/s.safetensors").is_file() and not ctx.path("g/s.safetensors.partial").exists(), "no scorer, or the checkpoint left behind")
+
+
+BATCH_3 = [
+    Case(
+        "r3-probe-record-twice-other-score",
+        "resume",
+        "a finished probe whose probe.jsonl gives its one record twice, the copy scoring 1",
+        _probe_edited(lambda recs: [*recs, {**recs[0], "score": 1.0 - recs[0]["score"]}]),
+        either("probe.jsonl", check=_as_first_probe),
+    ),
+    Case(
+        "r3-probe-record-score-7",
+        "resume",
+        "a finished probe whose record's score is edited to 7",
+        _probe_edited(lambda recs: [{**recs[0], "score": 7.0}]),
+        either("probe.jsonl", check=_as_first_probe),
+    ),
+    Case(
+        "r3-probe-record-of-foreign-method",
+        "resume",
+        "a finished probe (hybrid) whose probe.jsonl gains a well-formed record of method lola-sre",
+        _probe_edited(lambda recs: [*recs, {**recs[0], "method": "lola-sre"}]),
+        either("probe.jsonl", check=_probe_lacks("lola-sre")),
+    ),
+    Case(
+        "r3-probe-record-of-other-length",
+        "resume",
+        "a finished probe (400 tokens) whose probe.jsonl gains a well-formed record of length 800",
+        _probe_edited(lambda recs: [*recs, {**recs[0], "length": 800}]),
+        either("probe.jsonl", check=_probe_lacks("length 800", length=True)),
+    ),
+    Case(
+        "r3-probe-record-without-layers",
+        "resume",
+        "a finished probe whose record lost its 'layers' entry",
+        _probe_edited(lambda recs: [{k: v for k, v in recs[0].items() if k != "layers"}]),
+        refuse("probe.jsonl"),
+    ),
+    Case(
+        "r3-probe-records-of-another-seed",
+        "resume",
+        "a finished probe (seed 0) whose probe.jsonl is replaced by the records of the same probe with --seed 1",
+        _probe_of_another_seed,
+        either("probe.jsonl", check=_as_first_probe),
+    ),
+    Case(
+        "r3-probe-again-other-max-new-tokens",
+        "resume",
+        "a finished probe run again with --max-new-tokens 2",
+        lambda ctx: (first_ok(probe(ctx)), ctx.protect(ctx.path("p")), probe(ctx, "p", "--max-new-tokens", "2"))[2],
+        refuse("--max-new-tokens|max_new_tokens"),
+    ),
+    Case(
+        "r3-probe-resumed-after-rename",
+        "resume",
+        "lola probe interrupted after 1 of 2 prompts; the folder renamed; resumed there",
+        _probe_moved,
+        accept(_two_prompts_probed),
+    ),
+    Case(
+        "r3-sweep-again-other-lengths",
+        "resume",
+        "a finished lola sweep (--lengths 400) run again into its folder with --lengths 500: sweep.json would lose the 400 rows",
+        _sweep_then(["--lengths", "500"]),
+        refuse("--lengths|sweep.json"),
+    ),
+    Case(
+        "r3-sweep-again-other-samples",
+        "resume",
+        "a finished lola sweep run again into its folder with --samples 2",
+        _sweep_then(["--samples", "2"]),
+        refuse("--samples"),
+    ),
+    Case(
+        "r3-sweep-prose-edited",
+        "resume",
+        "a finished lola sweep on prose whose prose.txt (written by lola) is then edited; run again",
+        _sweep_prose_edited,
+        refuse("prose.txt"),
+        timeout=180,
+    ),
+    Case(
+        "r3-sweep-resumed-after-rename",
+        "resume",
+        "lola sweep interrupted after 2 of its 4 methods; the folder renamed; resumed there",
+        _sweep_moved,
+        accept(_four_methods_swept),
+    ),
+    Case(
+        "r3-niah-record-stripped-and-flipped",
+        "resume",
+        "a samples.jsonl record cut to its required fields (no prediction, no answers) with the score flipped",
+        _niah_line(_required_only_flipped),
+        either("samples.jsonl", check=_accuracy_of_own_sample),
+    ),
+    Case(
+        "r3-niah-record-of-another-seed",
+        "resume",
+        "samples.jsonl of a seed-0 run holding the record of the same sample from a --seed 1 run",
+        _niah_line(_record_of_seed_1),
+        either("samples.jsonl", check=_answers_of_this_run),
+    ),
+    Case(
+        "r3-niah-record-prompt-beyond-length",
+        "resume",
+        "a samples.jsonl record of length 400 whose prompt_tokens is 5000",
+        _niah_line(lambda rec, ctx: {**rec, "prompt_tokens": 5000}),
+        refuse("samples.jsonl", check=described("a record whose prompt is longer than its length was summarised")),
+    ),
+    Case(
+        "r3-niah-inputs-dropped-haystack-changed",
+        "resume",
+        "results.json's inputs removed by hand, then the --haystack-file rewritten with other text; run again",
+        _inputs_dropped_haystack_changed,
+        refuse("--haystack-file"),
+    ),
+    Case(
+        "r3-niah-results-of-another-seed",
+        "resume",
+        "a seed-0 folder whose results.json is replaced by a --seed 1 run's, resumed with --seed 1",
+        _results_of_seed_1,
+        either("samples.jsonl|results.json", check=_answers_of_this_run),
+    ),
+    Case(
+        "r3-niah-resumed-after-rename",
+        "resume",
+        "lola niah interrupted after 1 of 2 samples; the folder renamed; resumed under its new name",
+        _niah_renamed,
+        accept(_two_samples_in_r2),
+    ),
+    Case(
+        "r3-niah-interrupted-then-positions-bounded",
+        "resume",
+        "lola niah interrupted after 1 of 2 samples, resumed with --positions bounded",
+        _then(["--samples", "2"], ["--samples", "2", "--positions", "bounded"], interrupt=True),
+        refuse("--positions"),
+    ),
+    Case(
+        "r3-linearize-overwrite-other-window",
+        "resume",
+        "lola linearize stage 1 finished, then --window 8 --overwrite: trained again with window 8",
+        _linearize_overwrite_window,
+        accept(_window_8_written),
+        timeout=180,
+    ),
+    Case(
+        "r3-linearize-overwrite-after-stage-2",
+        "resume",
+        "stage 1, stage 2, then stage 1 again with --overwrite: new maps, the old adapters removed",
+        _linearize_overwrite_after_stage2,
+        accept(_adapters_gone),
+        timeout=240,
+    ),
+    Case(
+        "r3-linearize-from-lora-without-adapters",
+        "resume",
+        "stage 1 finished in lin, then --stage 2 --from-lora --feature-maps lin --out lin2 (lin holds no LoRA adapters)",
+        _stage2_from_lora_without_adapters,
+        refuse("--from-lora"),
+        timeout=180,
+    ),
+    Case(
+        "r3-linearize-resumed-after-rename",
+        "resume",
+        "lola linearize stage 1 (2 steps) done; the folder renamed; run to 4 steps there",
+        _linearize_renamed,
+        accept(status(0)),
+        timeout=180,
+    ),
+    Case(
+        "r3-fit-scorer-resumed-after-rename",
+        "resume",
+        "lola fit-scorer interrupted after its first chunk; the folder renamed; the same command with --out in the new folder",
+        _fit_moved,
+        accept(_fit_resumed),
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2), *in_batch(3, BATCH_3)]

@@ -11,6 +11,12 @@ device), a ``seen`` count that jumped ahead of the tokens held, saved caches who
 was edited with its checksum recomputed (judged by whether the values are still validated), a
 cache fed another batch, and schedule and policy plug-ins answering with the wrong kind of value
 (floats, Python ints, exceptions, absurd periods, tensors on another device).
+
+Batch 3. Layouts checked, not totals: states, rows and bound state pages moved into layers whose
+per-head sparse sizes, window sizes, sinks or feature maps differ while every shape matches (and
+the same layout spelled two ways, which must load); states, pages and caches made under
+``torch.inference_mode()`` and used outside it; saved caches of two rows reordered, grown rows,
+and caches loaded into the same weights under another LoLA config.
 """
 
 from __future__ import annotations
@@ -658,4 +664,356 @@ BATCH_2 = [
     ),
 ]
 
-CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2)]
+
+# -- batch 3: written before the round-three fixes, to measure them ---------------------------------
+
+
+def _cfg(**changes) -> lola.LoLAConfig:
+    """:data:`LAYER_CFG` (window 8, sparse 4, sinks 2, chunk 4) with ``changes``."""
+    return lola.LoLAConfig(**{**LAYER_CFG.model_dump(), **changes})
+
+
+def _bounded_layer(cfg: lola.LoLAConfig):
+    from lola.core.positions import RotaryEmbedding
+
+    return lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2, rotary=RotaryEmbedding.from_theta(10000.0, 8))
+
+
+def _into(cfg_a: lola.LoLAConfig, cfg_b: lola.LoLAConfig, bounded_b: bool = False):
+    """A layer of ``cfg_a``'s state after 40 tokens, loaded into a fresh layer of ``cfg_b``, six more
+    tokens; and the six the first layer gives from that state."""
+
+    def run(ctx: Ctx):
+        a, _, sd = layer_and_state(cfg_a)
+        own = a.new_state()
+        own.load_state_dict({k: t.clone() for k, t in sd.items()})
+        ref = step(a, own)
+        b = _bounded_layer(cfg_b) if bounded_b else layer(cfg_b)
+        state = b.new_state()
+        state.load_state_dict(sd)
+        return step(b, state), ref
+
+    return run
+
+
+def _pages_into(cfg_a: lola.LoLAConfig, cfg_b: lola.LoLAConfig):
+    """Pages a layer of ``cfg_a`` wrote over 40 tokens (row 1 of 3), released, then bound by a
+    layer of ``cfg_b`` (the same page shapes) and six more tokens; and the six the writer gives."""
+
+    def run(ctx: Ctx):
+        from lola.engine.state_pages import clear_rows
+
+        a, b = layer(cfg_a), layer(cfg_b)
+        state = a.new_state()
+        layout = state.page_layout(4, a.storage_heads(state), 8, a.feature_dim, torch.float32)
+        pages = {key: torch.zeros(3, *shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+        rows = torch.tensor([1])
+        clear_rows(pages, rows)
+        state.bind_pages(pages, rows, seen=torch.tensor([0]))
+        attend(a, 40, state=state)
+        state.release_pages()
+        mine = a.new_state()
+        mine.bind_pages({k: p.clone() for k, p in pages.items()}, rows, seen=torch.tensor([40]))
+        ref = step(a, mine)
+        other = b.new_state()
+        other.bind_pages(pages, rows, seen=torch.tensor([40]))
+        return step(b, other), ref
+
+    return run
+
+
+def _pages_in_inference_mode(ctx: Ctx):
+    """Pages allocated, bound and written under torch.inference_mode(); the state then continued outside it."""
+    from lola.engine.state_pages import clear_rows
+
+    a = layer()
+    with torch.inference_mode():
+        state = a.new_state()
+        layout = state.page_layout(4, a.storage_heads(state), 8, a.feature_dim, torch.float32)
+        pages = {key: torch.zeros(2, *shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+        rows = torch.tensor([0])
+        clear_rows(pages, rows)
+        state.bind_pages(pages, rows, seen=torch.tensor([0]))
+        attend(a, 40, state=state)
+    return step(a, state), None
+
+
+def _state_dict_from_inference_mode(ctx: Ctx):
+    """state_dict() taken under torch.inference_mode(), loaded into a fresh state outside it."""
+    a = layer()
+    with torch.inference_mode():
+        _, made = attend(a, 40)
+        sd = made.state_dict()
+    fresh = a.new_state()
+    fresh.load_state_dict(sd)
+    _, ref_state = attend(a, 40)
+    return step(a, fresh), step(a, ref_state)
+
+
+def _stepped_inside_between(ctx: Ctx):
+    """40 tokens outside, 3 inside torch.inference_mode(), 6 outside again; against all outside."""
+    a = layer()
+    runs = []
+    for inside in (torch.inference_mode, torch.no_grad):
+        _, state = attend(a, 40)
+        with inside():
+            step(a, state, n=3, seed=7)
+        runs.append(step(a, state))
+    return runs[0], runs[1]
+
+
+def _cache_saved_in_inference_mode(ctx: Ctx):
+    from lola.integrations.transformers import LoLACache, apply_lola
+
+    model, _ = tiny()
+    apply_lola(model, lola.LoLAConfig(**CACHE_CFG))
+    cache = LoLACache(model)
+    with torch.inference_mode():
+        model(ids(30, 256), cache=cache)
+        cache.save(ctx.path("c"))
+    out = continue_with(model, LoLACache.load(ctx.path("c"), model))
+    ref = LoLACache(model)
+    with torch.no_grad():
+        model(ids(30, 256), cache=ref)
+    return out, continue_with(model, ref)
+
+
+def _padded_pair_saved_and_reordered(ctx: Ctx):
+    """Two rows (the second left-padded by 4) saved, loaded, rows swapped, four tokens decoded;
+    against the same on the cache that was saved."""
+    from lola.integrations.transformers import LoLACache, apply_lola
+
+    model, _ = tiny()
+    apply_lola(model, lola.LoLAConfig(**CACHE_CFG))
+    x = torch.cat([ids(30, 256, seed=1), ids(30, 256, seed=2)])
+    mask = torch.ones(2, 30, dtype=torch.long)
+    mask[1, :4] = 0
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(x, attention_mask=mask, cache=cache)
+    cache.save(ctx.path("c"))
+    loaded = LoLACache.load(ctx.path("c"), model)
+    outs = []
+    for c in (loaded, cache):
+        c.reorder_cache(torch.tensor([1, 0]))
+        with torch.no_grad():
+            outs.append(torch.cat([model(torch.tensor([[7 + t], [9 + t]]), cache=c).logits for t in range(4)], dim=1))
+    return outs[0], outs[1]
+
+
+def _write_rows_across(cfg_a: lola.LoLAConfig, cfg_b: lola.LoLAConfig):
+    """A one-row state of a ``cfg_a`` layer written into row 0 of a two-row state of a ``cfg_b`` layer."""
+
+    def run(ctx: Ctx):
+        a, b = layer(cfg_a), layer(cfg_b)
+        _, theirs = attend(a, 40)
+        _, ours = attend(b, 40, batch=2)
+        ours.write_rows(torch.tensor([0]), theirs)
+        return attend(b, 6, batch=2, state=ours, seed=5)[0], None
+
+    return run
+
+
+def _cache_into_other_model(cfg_b: dict):
+    """A cache saved by the tiny model with CACHE_CFG, loaded into the same weights with LoLA of ``cfg_b``."""
+
+    def run(ctx: Ctx):
+        from lola.integrations.transformers import LoLACache, apply_lola
+
+        saved_cache(ctx.path("c"))
+        other, _ = tiny()
+        apply_lola(other, lola.LoLAConfig(**{**CACHE_CFG, **cfg_b}))
+        return continue_with(other, LoLACache.load(ctx.path("c"), other)).shape
+
+    return run
+
+
+def _rows_grown(ctx: Ctx):
+    """A one-row state grown to three rows by select_rows([0, 0, 0]), then six tokens the same in
+    every row: each row against the one-row state."""
+    attn, state, sd = layer_and_state()
+    one = attn.new_state()
+    one.load_state_dict({k: t.clone() for k, t in sd.items()})
+    state.select_rows(torch.tensor([0, 0, 0]))
+    x = torch.randn(1, 6, 4, 8, generator=torch.Generator().manual_seed(5))
+    x3 = x.expand(3, -1, -1, -1).contiguous()
+    with torch.no_grad():
+        ref, _ = attn(x, x[:, :, :2], x[:, :, :2], state=one)
+        out, _ = attn(x3, x3[:, :, :2], x3[:, :, :2], state=state)
+    return out, ref.expand(3, -1, -1, -1)
+
+
+def _layout_refused(pair, ctx) -> None:
+    out, ref = pair
+    if not bool(torch.isfinite(out).all()):
+        raise CaseFailure("a state of another layout was read; the outputs hold inf or NaN")
+    if ref is None:
+        raise CaseFailure("a state of another layout was read without a word")
+    raise CaseFailure(f"a state of another layout was read; the outputs differ from its own layer's by {float((out - ref).abs().max()):.3g}")
+
+
+BATCH_3 = [
+    Case(
+        "s3-sparse-per-head-5-3-into-3-5",
+        "state",
+        "a state of per-head sparse sizes [5, 3] loaded into a layer of [3, 5] (the same total), six more tokens",
+        _into(_cfg(sparse_size_per_head=[5, 3]), _cfg(sparse_size_per_head=[3, 5])),
+        refuse("head_sizes|sparse", check=_layout_refused),
+    ),
+    Case(
+        "s3-sparse-per-head-4-4-into-uniform-4",
+        "state",
+        "a state of per-head sparse sizes [4, 4] loaded into a layer of sparse_size 4 (the same layout), six more tokens",
+        _into(_cfg(sparse_size_per_head=[4, 4]), _cfg()),
+        either("head_sizes|sparse", check=_same),
+    ),
+    Case(
+        "s3-sparse-uniform-4-into-per-head-4-4",
+        "state",
+        "a state of sparse_size 4 loaded into a layer of per-head sizes [4, 4] (the same layout), six more tokens",
+        _into(_cfg(), _cfg(sparse_size_per_head=[4, 4])),
+        either("head_sizes|sparse", check=_same),
+    ),
+    Case(
+        "s3-window-per-head-swapped",
+        "state",
+        "a state of window_per_head [4, 8] loaded into a layer of [8, 4] (the same shapes), six more tokens",
+        _into(_cfg(window_per_head=[4, 8]), _cfg(window_per_head=[8, 4])),
+        refuse("window", check=_layout_refused),
+    ),
+    Case(
+        "s3-window-8-into-per-head-8-8",
+        "state",
+        "a state of window 8 loaded into a layer of window_per_head [8, 8] (the same windows), six more tokens",
+        _into(_cfg(), _cfg(window_per_head=[8, 8])),
+        either("window", check=_same),
+    ),
+    Case(
+        "s3-hedgehog-f8-into-identity-map",
+        "state",
+        "a state of a hedgehog f=8 layer (16 features) loaded into a hedgehog_identity layer (16 features too), lola_authors mixing",
+        _into(_cfg(feature_map="hedgehog", feature_dim=8, mixing="lola_authors"), _cfg(mixing="lola_authors")),
+        refuse("feature", check=_layout_refused),
+    ),
+    Case(
+        "s3-hedgehog-f4-into-elu",
+        "state",
+        "a state of a hedgehog f=4 layer (8 features) loaded into an elu layer (8 features too), lola_authors mixing",
+        _into(_cfg(feature_map="hedgehog", feature_dim=4, mixing="lola_authors"), _cfg(feature_map="elu", mixing="lola_authors")),
+        refuse("feature", check=_layout_refused),
+    ),
+    Case(
+        "s3-sinks-window-shifted",
+        "state",
+        "a state of 2 sinks and window 8 loaded into a layer of 4 sinks and window 6 (the same exact tokens)",
+        _into(_cfg(), _cfg(sinks=4, window=6)),
+        refuse("sinks|window", check=_layout_refused),
+    ),
+    Case(
+        "s3-pages-sinks-window-shifted",
+        "state",
+        "pages written by a layer of 2 sinks and window 8, bound by a layer of 4 sinks and window 6 (the same page shapes)",
+        _pages_into(_cfg(), _cfg(sinks=4, window=6)),
+        refuse("sinks|window|layout", check=_layout_refused),
+    ),
+    Case(
+        "s3-pages-window-sparse-traded",
+        "state",
+        "pages written by a layer of window 8 and sparse 4, bound by a layer of window 4 and sparse 8 (the same page shapes)",
+        _pages_into(_cfg(), _cfg(window=4, sparse_size=8)),
+        refuse("window|sparse|layout", check=_layout_refused),
+    ),
+    Case(
+        "s3-pages-hedgehog-into-identity-map",
+        "state",
+        "pages written by a hedgehog f=8 layer, bound by a hedgehog_identity layer (16 features each: the same page shapes)",
+        _pages_into(_cfg(feature_map="hedgehog", feature_dim=8, mixing="lola_authors"), _cfg(mixing="lola_authors")),
+        refuse("feature", check=_layout_refused),
+    ),
+    Case(
+        "s3-pages-window-per-head-swapped",
+        "state",
+        "pages written by a layer of window_per_head [4, 8], bound by a layer of [8, 4] (the same page shapes)",
+        _pages_into(_cfg(window_per_head=[4, 8]), _cfg(window_per_head=[8, 4])),
+        refuse("window|layout", check=_layout_refused),
+    ),
+    Case(
+        "s3-pages-made-in-inference-mode",
+        "state",
+        "pages allocated and bound under torch.inference_mode(), the state continued outside it",
+        _pages_in_inference_mode,
+        refuse("inference_mode|inference mode"),
+    ),
+    Case(
+        "s3-state-dict-from-inference-mode",
+        "state",
+        "a state_dict taken under torch.inference_mode(), loaded into a fresh state outside it, six more tokens",
+        _state_dict_from_inference_mode,
+        accept(_same),
+    ),
+    Case(
+        "s3-three-tokens-inside-inference-mode",
+        "state",
+        "a state run outside, three tokens inside torch.inference_mode(), six outside again: as all outside",
+        _stepped_inside_between,
+        accept(_same),
+    ),
+    Case(
+        "s3-cache-saved-in-inference-mode",
+        "state",
+        "a LoLACache prefilled and saved under torch.inference_mode(), loaded and continued outside it",
+        _cache_saved_in_inference_mode,
+        accept(_same),
+    ),
+    Case(
+        "s3-cache-padded-pair-saved-then-reordered",
+        "state",
+        "a two-row cache (second row left-padded) saved, loaded, rows swapped, four tokens: as the cache that was saved",
+        _padded_pair_saved_and_reordered,
+        accept(_same),
+    ),
+    Case(
+        "s3-write-rows-of-another-per-head-layout",
+        "state",
+        "write_rows from a state of per-head sizes [5, 3] into a state of [3, 5] (the same shapes)",
+        _write_rows_across(_cfg(sparse_size_per_head=[5, 3]), _cfg(sparse_size_per_head=[3, 5])),
+        refuse("head_sizes|sparse|layout|configuration", check=_layout_refused),
+    ),
+    Case(
+        "s3-write-rows-of-another-feature-map",
+        "state",
+        "write_rows from a hedgehog f=8 layer's state into a hedgehog_identity layer's (the same shapes)",
+        _write_rows_across(_cfg(feature_map="hedgehog", feature_dim=8, mixing="lola_authors"), _cfg(mixing="lola_authors")),
+        refuse("feature|configuration", check=_layout_refused),
+    ),
+    Case(
+        "s3-cache-into-model-with-layer-override",
+        "state",
+        "a saved cache loaded into the same weights whose LoLA gives layer 1 a window of 12 (layer_overrides)",
+        _cache_into_other_model({"layer_overrides": {1: {"window": 12}}}),
+        refuse("config"),
+    ),
+    Case(
+        "s3-cache-into-model-with-bounded-positions",
+        "state",
+        "a cache saved with absolute positions, loaded into the same weights with positions='bounded'",
+        _cache_into_other_model({"positions": "bounded"}),
+        refuse("config|positions"),
+    ),
+    Case(
+        "s3-rows-grown-by-select-rows",
+        "state",
+        "a one-row state grown to three by select_rows([0, 0, 0]), six same tokens per row: each row as the one-row state",
+        _rows_grown,
+        accept(_same),
+    ),
+    Case(
+        "s3-absolute-state-into-bounded-layer",
+        "state",
+        "a state of an absolute-positions layer loaded into the same layer with bounded positions (limits 100, beyond the 46 tokens)",
+        _into(_cfg(), _cfg(positions="bounded", exact_distance=100, state_positions=100), bounded_b=True),
+        either("positions", check=_same),
+    ),
+]
+
+CASES = [*in_batch(1, BATCH_1), *in_batch(2, BATCH_2), *in_batch(3, BATCH_3)]

@@ -283,3 +283,14 @@ def test_packed_sequences_found_in_position_ids_are_refused():
     positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]])
     with pytest.raises(ValueError, match=r"attention_mask: the 4-D mask is more than causal attention"):
         tiny_lola()(ids(10), position_ids=positions, use_cache=False)
+
+
+@pytest.mark.parametrize("value", [1.0, -0.5])
+def test_a_float_4d_mask_that_is_not_additive_is_refused(value):
+    # 1/0 floats read as additive would invert the mask; a soft bias cannot be honoured
+    from tests.hostile.common import ids, tiny_lola
+
+    mask = _block_causal([(0, 10)], 10).float()
+    mask = torch.where(mask.bool(), torch.zeros(()), torch.full((), value))
+    with pytest.raises(ValueError, match=r"attention_mask: a float 4-D mask is additive"):
+        tiny_lola()(ids(10), attention_mask=mask, use_cache=False)

@@ -421,3 +421,96 @@ def test_sweep_leaves_a_sweep_json_it_did_not_write_alone(tmp_path, capsys, no_m
     before = snapshot(out)
     refused(capsys, ["sweep", "--model", "tiny-random-llama", "--out", str(out)], "sweep.json exists and was not written by lola sweep")
     assert snapshot(out) == before
+
+
+# -- owned folders: the run's description, the folder under a run, figures, sweeps ------------------
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "folder"])
+def test_the_run_description_is_never_written_through_a_link_or_into_a_fifo(tmp_path, kind):
+    from lola.io.outputs import RUN_FILE, run_lock
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine")
+    folder = tmp_path / "r"
+    folder.mkdir()
+    holder = folder / RUN_FILE
+    if kind == "link":
+        holder.symlink_to(precious)
+    elif kind == "fifo":
+        os.mkfifo(holder)
+    else:
+        holder.mkdir()
+    with pytest.raises(ValueError, match=r"\.lola-run\.json is .*remove it"):
+        with run_lock(folder, "lola niah"):
+            pass
+    assert precious.read_text() == "mine"
+
+
+@pytest.mark.parametrize("how", ["rename", "delete"])
+def test_a_run_s_folder_moved_or_deleted_under_it_is_not_written_again_by_its_name(tmp_path, how):
+    from lola.io.outputs import RUN_FILE, check_held, run_lock, write_files
+
+    folder = tmp_path / "r"
+    with run_lock(folder, "lola niah"):
+        write_files(folder, {"results.json": "{}"})
+        if how == "rename":
+            folder.rename(tmp_path / "moved")
+        else:
+            shutil.rmtree(folder)
+        with pytest.raises(RuntimeError, match=r"r was deleted or moved while the run was writing into it"):
+            check_held(folder)
+        with pytest.raises(RuntimeError, match="deleted or moved"):
+            write_files(folder, {"results.json": "{}"})
+    assert not folder.exists()  # not re-created
+    if how == "rename":  # the description went with the folder, and was removed there
+        assert not (tmp_path / "moved" / RUN_FILE).exists()
+        assert (tmp_path / "moved" / "results.json").is_file()
+
+
+def test_figures_lola_did_not_write_are_refused_before_the_run(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lola.io.figures import check_figures, is_lola_png, save_png
+
+    fig = plt.figure()
+    save_png(fig, tmp_path / "ours.png", dpi=20)
+    fig.savefig(tmp_path / "plain.png", dpi=20, format="png")  # Matplotlib's own mark: lola before it marked them
+    plt.close(fig)
+    (tmp_path / "theirs.png").write_bytes(b"\x89PNG someone's figure")
+    assert is_lola_png(tmp_path / "ours.png") and not is_lola_png(tmp_path / "theirs.png")
+    assert not is_lola_png(tmp_path / "plain.png") and is_lola_png(tmp_path / "plain.png", folder_is_lola_s=True)
+    check_figures(tmp_path, ["ours.png", "absent.png"], "results.json", "lola niah")
+    for name in ("theirs.png", "plain.png"):  # (no results.json: the plain figure is nobody's known)
+        with pytest.raises(ValueError, match=rf"{name} exists and was not written by lola niah"):
+            check_figures(tmp_path, [name], "results.json", "lola niah")
+    (tmp_path / "results.json").write_text("{}")
+    check_figures(tmp_path, ["plain.png"], "results.json", "lola niah")
+
+
+def test_a_sweep_may_grow_but_not_lose_its_points_or_change_its_options(tmp_path):
+    from lola.eval.budget_sweep import BudgetSweep, _check_same_sweep
+
+    saved = BudgetSweep(lengths=[400], budgets=["1/8"], haystacks=["noise"], samples=2)
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"format": "lola-sweep", "sweep": json.loads(saved.model_dump_json())}))
+    _check_same_sweep(path, saved)
+    _check_same_sweep(path, saved.model_copy(update={"lengths": [400, 800], "haystacks": ["noise", "prose"]}))
+    with pytest.raises(ValueError, match=r"--lengths \[400\] there, \[500\] here"):
+        _check_same_sweep(path, saved.model_copy(update={"lengths": [500]}))
+    with pytest.raises(ValueError, match=r"--samples 2 there, 3 here"):
+        _check_same_sweep(path, saved.model_copy(update={"samples": 3}))
+
+
+def test_linearize_refuses_a_folder_of_someone_else_s_files(tmp_path):
+    from lola.cli import _check_linearize_out
+
+    (tmp_path / "config.json").write_text("{}")  # an export, a model folder
+    with pytest.raises(ValueError, match=r"--out .* holds files lola linearize did not write \(config.json\)"):
+        _check_linearize_out(tmp_path, object(), None)
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "checkpoint.pt").write_bytes(b"")  # its own, from a cut run: not refused by this check
+    _check_linearize_out(tmp_path, None, None)

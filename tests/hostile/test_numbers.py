@@ -613,3 +613,10 @@ def test_a_held_out_text_shorter_than_a_window_names_the_text_and_the_tokens(tmp
     run = PerplexityRun(lengths=[96], methods=["full"], windows=1, generate=0, text=[str(small)])
     with pytest.raises(ValueError, match=rf"--text {small}: its held-out part .* fewer than one window of --lengths 96; give a text of about 960 tokens"):
         run_perplexity(run, model, tok, progress=False)
+
+
+def test_export_pretrained_refuses_a_vllm_flag_that_is_not_a_bool(tmp_path):
+    from lola.integrations.transformers.export import export_pretrained
+
+    with pytest.raises(TypeError, match=r"vllm must be True or False, got 'false'"):
+        export_pretrained(None, None, tmp_path / "e", vllm="false")

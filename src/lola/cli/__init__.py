@@ -275,6 +275,16 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | Non
     elif not folder_is_ours(out):
         found = next(out / n for n in GROUP_FILES if (out / n).exists() or (out / n).is_symlink())
         raise ValueError(f"{found} was not written by lola linearize (no {CONFIG_FILE} beside it); move it away or use another --out")
+    elif out.is_dir():
+        # A folder without lola linearize's description holds no finished run of it: anything
+        # there but its own checkpoints is someone's (an export, a model): not written beside.
+        own = {*GROUP_FILES, CHECKPOINT_FILE, FINETUNE_CHECKPOINT_FILE, f"{CHECKPOINT_FILE}.sha256", f"{FINETUNE_CHECKPOINT_FILE}.sha256"}
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in own and not p.name.startswith(".lola-"))
+        if foreign:
+            raise ValueError(
+                f"--out {out} holds files lola linearize did not write ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''}); "
+                "give an empty or new folder"
+            )
     stage2_ckpt = out / FINETUNE_CHECKPOINT_FILE
     if cfg2 is not None and stage2_ckpt.is_file():
         inputs = run_inputs(cfg2, stage1_maps=stage1_maps) if cfg1 is None and stage1_maps is not None else None

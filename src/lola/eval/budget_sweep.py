@@ -146,18 +146,25 @@ def run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pat
 def _run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool, batch_size: int) -> list[dict]:
     from lola.eval.niah_execution import run_niah
     from lola.eval.niah_report import summarize
+    from lola.io.figures import check_figures
     from lola.io.outputs import check_target, write_files
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_target(out / SWEEP_FILE, is_sweep_file, "lola sweep")  # another tool's sweep.json: refused before any point runs
+    check_figures(out, [f"sweep-{h}.png" for h in sweep.haystacks], SWEEP_FILE, "lola sweep")
+    _check_same_sweep(out / SWEEP_FILE, sweep)
     prose = None
     if "prose" in sweep.haystacks:
         from pydoc_data.topics import topics
 
+        text = " ".join(topics.values())
         prose = str(out / "prose.txt")
+        # the haystack lola writes there, and nothing else: an edited or foreign prose.txt would
+        # be read as the prose haystack (and the points' digests would call it a new input)
+        check_target(Path(prose), lambda p: p.read_bytes() == text.encode("utf-8"), "lola sweep")
         if not Path(prose).is_file():
-            write_files(out, {"prose.txt": " ".join(topics.values())}, writer="lola sweep")
+            write_files(out, {"prose.txt": text}, writer="lola sweep")
     rows = []
     first_dir: dict[str, Path] = {}  # a point's run (as JSON) -> the folder of the first point that ran it
     for haystack in sweep.haystacks:
@@ -182,6 +189,33 @@ def _run_sweep(sweep: BudgetSweep, model: Any, tokenizer: Any, out_dir: str | Pa
     return rows
 
 
+def _check_same_sweep(path: Path, sweep: BudgetSweep) -> None:
+    """Refuse a run into a folder whose ``sweep.json`` holds a sweep of other options: its rows
+    would be replaced by this run's (naming each option that differs, saved and requested)."""
+    from lola.io.outputs import read_json
+
+    if not path.is_file():
+        return
+    saved = read_json(path, "a lola sweep file").get("sweep")
+    now = json.loads(sweep.model_dump_json())
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} has no sweep options; move it away or choose another --out")
+    # a sweep may grow (more lengths, budgets or haystacks: the saved points are resumed and
+    # kept), not lose points or change how they were run
+    grows = ("lengths", "budgets", "haystacks")
+    differ = [
+        k
+        for k in sorted(set(saved) | set(now))
+        if (not set(map(str, saved.get(k) or [])) <= set(map(str, now.get(k) or [])) if k in grows else saved.get(k) != now.get(k))
+    ]
+    if differ:
+        shown = "; ".join(f"--{k.replace('_', '-')} {saved.get(k)} there, {now.get(k)} here" for k in differ)
+        raise ValueError(
+            f"lola sweep: {path} holds a sweep of other options ({shown}); its rows would be replaced: "
+            "choose another --out, or run with its options (more lengths, budgets or haystacks may be added)"
+        )
+
+
 def _copy_samples(source: Path, target: Path) -> None:
     """Start ``target`` from ``source``'s saved samples (the same run), unless it holds results
     of its own; :func:`~lola.eval.niah_execution.run_niah` then resumes it with nothing left to
@@ -204,6 +238,7 @@ def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lola.io.figures import figure_is_ours, save_png
     from lola.io.outputs import write_files
 
     paths = []
@@ -225,7 +260,7 @@ def plot_sweep(rows: list[dict], out_dir: str | Path) -> list[Path]:
             ax.grid(True, alpha=0.3)
         axes[0][0].legend(fontsize=7)
         fig.tight_layout()
-        (path,) = write_files(out_dir, {f"sweep-{haystack}.png": lambda p, fig=fig: fig.savefig(p, dpi=110, format="png")}, writer="lola sweep")
+        (path,) = write_files(out_dir, {f"sweep-{haystack}.png": lambda p, fig=fig: save_png(fig, p, dpi=110)}, ours=figure_is_ours, writer="lola sweep")
         plt.close(fig)
         paths.append(path)
     return paths

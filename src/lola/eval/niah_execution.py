@@ -142,7 +142,7 @@ def _generate_all(
 
     from lola.eval.niah import string_match_all
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
-    from lola.io.outputs import check_target, write_files
+    from lola.io.outputs import check_held, check_target, write_files
     from lola.io.records import append_record, drop_cut_record
 
     samples_path = Path(samples_path)
@@ -187,6 +187,7 @@ def _generate_all(
                             "seconds": seconds,
                             "tokens_per_second": tokens / seconds,
                         }
+                        check_held(samples_path.parent)  # the folder is still the one the run holds
                         append_record(log, rec)
                         records.append(rec)
                         bar.update(1)

@@ -79,6 +79,7 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lola.io.figures import figure_is_ours, save_png
     from lola.io.outputs import write_files
 
     summary = summarize(scored(records))
@@ -99,7 +100,7 @@ def plot_results(records: list[dict], out_dir: str | Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        (path,) = write_files(out_dir, {name: lambda p, fig=fig: fig.savefig(p, dpi=120, format="png")}, writer="lola niah")
+        (path,) = write_files(out_dir, {name: lambda p, fig=fig: save_png(fig, p, dpi=120)}, ours=figure_is_ours, writer="lola niah")
         plt.close(fig)
         paths.append(path)
     return paths

@@ -141,7 +141,10 @@ def _same_run(saved: object, run: NiahRun) -> bool:
 
 def _claim(out: Path, run: NiahRun) -> None:
     """Refuse a folder that holds another run's probe; write this run's (empty) summary."""
+    from lola.io.figures import check_figures
     from lola.io.outputs import read_json, write_files
+
+    check_figures(out, [PLOT_FILE], PROBE_FILE, "lola probe")  # someone's probe.png: refused before any work
 
     path = out / PROBE_FILE
     if path.is_file():
@@ -182,7 +185,7 @@ def _run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pr
     from lola.eval.niah import string_match_all
     from lola.eval.niah_execution import niah_prompts
     from lola.integrations.transformers import apply_lola, remove_lola
-    from lola.io.outputs import write_files
+    from lola.io.outputs import check_held, write_files
 
     maps = None
     if run.feature_maps is not None:
@@ -222,6 +225,7 @@ def _run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pr
                         "score": string_match_all(rec["prediction"], sample.answers),
                         **rec,
                     }
+                    check_held(out)  # the folder is still the one the run holds
                     append_record(log, rec)
                     records.append(rec)
                     bar.update(1)
@@ -301,6 +305,7 @@ def plot_probe(summary: dict[str, dict[str, dict[str, Any]]], out_dir: str | Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lola.io.figures import figure_is_ours, save_png
     from lola.io.outputs import write_files
 
     methods = list(summary)
@@ -321,6 +326,6 @@ def plot_probe(summary: dict[str, dict[str, dict[str, Any]]], out_dir: str | Pat
             ax.grid(True, alpha=0.3)
         row[0].legend(fontsize=8)
     fig.tight_layout()
-    (path,) = write_files(out_dir, {PLOT_FILE: lambda p: fig.savefig(p, dpi=110, format="png")}, writer="lola probe")
+    (path,) = write_files(out_dir, {PLOT_FILE: lambda p: save_png(fig, p, dpi=110)}, ours=figure_is_ours, writer="lola probe")
     plt.close(fig)
     return path

@@ -47,6 +47,7 @@ __all__ = [
     "RUN_FILE",
     "TEMP_PREFIX",
     "check_free",
+    "check_held",
     "check_output_file",
     "check_output_folder",
     "check_regular_file",
@@ -339,19 +340,67 @@ def run_lock(folder: str | os.PathLike, writer: str) -> Iterator[None]:
         lock.__enter__()
     except FolderBusy:
         try:
-            who = json.loads(holder.read_text())
+            who = json.loads(holder.read_text()) if holder.is_file() and not holder.is_symlink() else None
             desc = f"{who['command']} (pid {who['pid']}, started {who['started']})"
         except (OSError, ValueError, KeyError, TypeError):
             desc = "another process"
         raise ValueError(f"{writer}: {folder} is in use by {desc}; wait for it to finish, or write to another folder") from None
+    folder_fd = None
     try:
-        holder.write_text(json.dumps({"pid": os.getpid(), "command": writer, "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+        _write_holder(holder, {"pid": os.getpid(), "command": writer, "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+        folder_fd = os.open(folder, os.O_RDONLY)
+        st = os.fstat(folder_fd)
+        _runs[str(folder)] = (st.st_dev, st.st_ino, writer)
         yield
     finally:
-        holder.unlink(missing_ok=True)
+        _runs.pop(str(folder), None)
+        if folder_fd is not None:  # the description goes wherever the folder went (moved, or deleted)
+            try:
+                os.unlink(RUN_FILE, dir_fd=folder_fd)
+            except (FileNotFoundError, NotImplementedError):
+                pass
+            os.close(folder_fd)
         lock.__exit__(None, None, None)
-        if created and not any(folder.iterdir()):  # a run refused before writing leaves no folder behind
+        if created and folder.is_dir() and not any(folder.iterdir()):  # a run refused before writing leaves no folder behind
             folder.rmdir()
+
+
+_runs: dict[str, tuple[int, int, str]] = {}  # folders held by run_lock in this process: {path: (device, inode, writer)}
+
+
+def check_held(folder: str | os.PathLike) -> None:
+    """Refuse to go on writing into a run's folder (:func:`run_lock`) that was deleted or moved
+    while the run held it: records appended since went with the old folder (or nowhere), and
+    writing by its name would start a second, partial copy elsewhere. A folder no run of this
+    process holds passes.
+
+    Raises:
+        RuntimeError: naming the folder and what happened.
+    """
+    held = _runs.get(str(folder))
+    if held is None:
+        return
+    try:
+        st = os.stat(folder)
+        same = (st.st_dev, st.st_ino) == held[:2]
+    except OSError:
+        same = False
+    if not same:
+        raise RuntimeError(
+            f"{held[2]}: the output folder {folder} was deleted or moved while the run was writing into it; "
+            "nothing more is written by its name (the records saved so far are where the folder went): run again with --out naming where it is now"
+        )
+
+
+def _write_holder(holder: Path, record: dict) -> None:
+    """Write the run's description into ``holder`` as a plain file of this folder: never through
+    a link, never into a FIFO or a device (a FIFO nobody reads would block the run for ever)."""
+    if holder.is_symlink() or (holder.exists() and not holder.is_file()):
+        kind = "a symbolic link" if holder.is_symlink() else "a folder" if holder.is_dir() else "not a plain file"
+        raise ValueError(f"{holder} is {kind}; lola describes the run holding the folder there: remove it (it is not lola's) and run again")
+    fd = os.open(holder, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), file_mode())
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def check_free(folder: str | os.PathLike, writer: str) -> None:
@@ -478,6 +527,7 @@ def write_files(
             group was put in place.
     """
     folder = Path(folder)
+    check_held(folder)  # a run's folder moved or deleted under it: not re-created by its name
     for name in (*files, *remove):
         if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
             raise ValueError(f"{writer}: {name!r} is not a plain file name")

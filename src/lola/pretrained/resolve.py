@@ -210,6 +210,14 @@ def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_l
             raise ValueError(
                 "positions='bounded' needs state_positions: neither the feature maps nor the model say how many positions they were trained on; set it"
             )
+    if known:  # limits given by the caller: bounded means inside what the model was trained on
+        if config.exact_distance is not None and config.exact_distance > model_positions - period:
+            raise ValueError(
+                f"exact_distance {config.exact_distance} lets exact reads see distances up to {config.exact_distance + period - 1}, past the model's "
+                f"{model_positions} positions (a schedule period is {period}): give at most {max(1, model_positions - period)}"
+            )
+        if config.state_positions is not None and config.state_positions > model_positions:
+            raise ValueError(f"state_positions {config.state_positions} is past the model's {model_positions} positions: give at most {model_positions}")
     return config.model_copy(update=update) if update else config
 
 

@@ -106,3 +106,33 @@ def test_scaled_rope_of_fixed_frequencies_is_taken(scaling):
     model = tiny("llama", max_position_embeddings=64, **({"rope_scaling": scaling} if scaling else {}))
     rot = lola.RotaryEmbedding.from_model(model)
     assert torch.equal(rot.inv_freq, model.model.rotary_emb.inv_freq.double())
+
+
+def test_a_forward_past_the_context_is_refused_unless_every_layer_bounds_its_positions():
+    # generate() refused it already; a plain forward (or a decode step by hand) did not
+    model = tiny("llama")
+    model.config.max_position_embeddings = 64
+    ids = torch.randint(0, 100, (1, 70))
+    absolute = lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8)
+    for cfg in (absolute, absolute.model_copy(update={"positions": "bounded", "full_attention_layers": [0]})):
+        with lola.patch(model, cfg), pytest.raises(ValueError, match=r"this forward would feed positions up to 70 .* max_position_embeddings \(64\)"):
+            model(ids, cache=LoLACache(model))
+    with lola.patch(model, absolute):
+        cache = LoLACache(model)
+        with torch.no_grad():
+            model(ids[:, :64], cache=cache)
+        with pytest.raises(ValueError, match=r"up to 65 \(64 in the cache and 1 now\)"):
+            model(ids[:, 64:65], cache=cache)
+    with lola.patch(model, absolute.model_copy(update={"positions": "bounded"})), torch.no_grad():
+        assert torch.isfinite(model(ids, cache=LoLACache(model)).logits).all()
+
+
+def test_bounded_limits_past_the_model_s_context_are_refused():
+    from lola.pretrained.resolve import resolve_positions
+
+    cfg = lola.LoLAConfig(window=8, sparse_size=8, chunk=8, positions="bounded")
+    assert resolve_positions(cfg.model_copy(update={"exact_distance": 56}), 64).exact_distance == 56
+    with pytest.raises(ValueError, match=r"exact_distance 57 lets exact reads see distances up to 64, past the model's 64 positions .* at most 56"):
+        resolve_positions(cfg.model_copy(update={"exact_distance": 57}), 64)
+    with pytest.raises(ValueError, match=r"state_positions 65 is past the model's 64 positions"):
+        resolve_positions(cfg.model_copy(update={"state_positions": 65}), 64)

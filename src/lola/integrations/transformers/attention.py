@@ -101,6 +101,16 @@ def check_causal_with_padding(attention_mask: torch.Tensor, q_len: int) -> None:
     Raises:
         ValueError: naming ``attention_mask`` and what is supported.
     """
+    if attention_mask.is_floating_point():
+        # additive: 0 where a query may attend, a large negative number (or -inf) elsewhere; a
+        # float mask of 1s and 0s would read inverted
+        bad = (attention_mask != 0) & ~(attention_mask <= -1e4)
+        if bool(bad.any()):
+            value = float(attention_mask[bad][0])
+            raise ValueError(
+                f"attention_mask: a float 4-D mask is additive (0 where a query may attend, a large negative number or -inf elsewhere); "
+                f"it holds {value:g}: pass a bool mask (True = attend) or an additive one"
+            )
     allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0  # [B, h, q, kv]
     if allowed.shape[1] != 1 and not bool((allowed == allowed[:, :1]).all()):
         raise ValueError("attention_mask: a 4-D mask that differs between heads is not supported by LoLA layers; pass a 2-D padding mask")

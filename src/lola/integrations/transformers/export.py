@@ -106,6 +106,8 @@ def export_pretrained(
     from lola.integrations.transformers.model_record import applied
     from lola.io.outputs import write_files
 
+    if type(vllm) is not bool:  # "false" is a true value: it would write the vLLM architecture
+        raise TypeError(f"vllm must be True or False, got {vllm!r}")
     if applied(model) is not None:
         raise ValueError("export_pretrained applies LoLA itself: give it the stock model (call lola.remove_lola(model) first)")
     if dtype not in _DTYPES:

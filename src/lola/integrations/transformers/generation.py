@@ -169,6 +169,27 @@ def _check_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("inputs_embeds")
     cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
     check_attention_mask(ids, kwargs.get("attention_mask"), cache)  # shapes only
+    if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
+        _check_forward_positions(model, cache, ids.shape[1])
+
+
+def _check_forward_positions(model: torch.nn.Module, cache: Any, tokens: int) -> None:
+    """Refuse a forward whose tokens reach past the model's positions unless every layer bounds
+    its positions (as :func:`check_generation_length` does for ``generate()``): the cache's
+    tokens so far (a host count) and this call's."""
+    from lola.integrations.transformers.model_record import context_limit
+
+    positions = context_limit(model)
+    if positions is None:
+        return
+    seen = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+    seen = int(seen) if isinstance(seen, (int, torch.Tensor)) else 0
+    if seen + tokens > positions:
+        raise ValueError(
+            f"this forward would feed positions up to {seen + tokens} ({seen} in the cache and {tokens} now), past the model's "
+            f"max_position_embeddings ({positions}): with absolute positions (or a layer left as full attention) LoLA reads past the "
+            "trained range unmeasured; apply LoLA with positions='bounded' to every layer, or feed fewer tokens"
+        )
 
 
 def install_forward_check(model: torch.nn.Module) -> None:

@@ -622,7 +622,11 @@ def test_a_state_loads_only_into_the_per_head_layout_it_was_saved_from(saved, lo
     with torch.no_grad():
         _, state = make(saved)(q, k, v)
     target = make(loaded).new_state()
-    expected = rf"saved with per-head sizes \[{saved[0]}, {saved[1]}\], but this layer holds \[{loaded[0]}, {loaded[1]}\]" if loaded else "per-head sizes"
+    expected = (
+        rf"a state of sparse per-head sizes \[{saved[0]}, {saved[1]}\] cannot load into a layer of sparse per-head sizes \[{loaded[0]}, {loaded[1]}\]"
+        if loaded
+        else "per-head sizes"
+    )
     with pytest.raises(ValueError, match=expected):
         target.load_state_dict(state.state_dict())
     again = make(saved).new_state()
@@ -686,7 +690,7 @@ def test_pages_written_by_one_per_head_layout_are_refused_by_another():
         writer(*(torch.randn(1, 12, 2, 4, generator=g) for _ in range(3)), state=state)
     state.release_pages()
     other = reader.new_state()
-    with pytest.raises(ValueError, match=r"page 1 holds a state of per-head sparse sizes \[4, 2\], but this layer's are \[2, 4\]"):
+    with pytest.raises(ValueError, match=r"page 1 holds a state of sparse per-head sizes \[4, 2\], but this layer is of sparse per-head sizes \[2, 4\]"):
         other.bind_pages(pages, rows, seen=torch.tensor([12]))
     again = writer.new_state()
     again.bind_pages(pages, rows, seen=torch.tensor([12]))  # its own layout binds

@@ -455,9 +455,10 @@ def _same_value(a: object, b: object) -> bool:
 def _label(field: str, d: dict[str, object]) -> str:
     """``d``'s ``field`` in words (the feature map with its ``F``)."""
     value = d.get(field)
-    if field in ("feature_map", "feature_dim"):
-        name = d.get("feature_map", "an unnamed feature map")
-        return f"feature map {name} (F={d.get('feature_dim', '?')})"
+    if field == "feature_map":
+        return f"feature map {value} (F={d.get('feature_dim', '?')})"
+    if field == "feature_dim":  # the linear state's shape differs too
+        return f"feature map {d.get('feature_map', '(unnamed)')} (F={value}: a linear state of {value} features per head)"
     if field in ("window", "sparse"):
         return f"{field} per-head sizes {value}" if isinstance(value, list) else f"{field} size {value}"
     words = {"num_heads": "{} heads", "storage_heads": "{} storage heads", "head_dim": "head_dim {}", "gqa_storage": "gqa_storage {}", "sinks": "{} sinks"}

@@ -214,6 +214,7 @@ class LoLAAttention(nn.Module):
             head_dim=self.head_dim,
             feature_dim=self.feature_dim,
             non_negative=bool(getattr(self.feature_map_k, "non_negative", False)),
+            feature_map=getattr(self.feature_map_k, "kind", None) or type(self.feature_map_k).__name__,
         )
         if self.positions is not None:
             own = [m.name for m in state.exact_memories if not m.reads_block]

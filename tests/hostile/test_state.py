@@ -622,7 +622,11 @@ def test_a_state_loads_only_into_the_per_head_layout_it_was_saved_from(saved, lo
     with torch.no_grad():
         _, state = make(saved)(q, k, v)
     target = make(loaded).new_state()
-    expected = rf"saved with per-head sizes \[{saved[0]}, {saved[1]}\], but this layer holds \[{loaded[0]}, {loaded[1]}\]" if loaded else "per-head sizes"
+    expected = (
+        rf"a state of sparse per-head sizes \[{saved[0]}, {saved[1]}\] cannot load into a layer of sparse per-head sizes \[{loaded[0]}, {loaded[1]}\]"
+        if loaded
+        else "per-head sizes"
+    )
     with pytest.raises(ValueError, match=expected):
         target.load_state_dict(state.state_dict())
     again = make(saved).new_state()
@@ -686,7 +690,127 @@ def test_pages_written_by_one_per_head_layout_are_refused_by_another():
         writer(*(torch.randn(1, 12, 2, 4, generator=g) for _ in range(3)), state=state)
     state.release_pages()
     other = reader.new_state()
-    with pytest.raises(ValueError, match=r"page 1 holds a state of per-head sparse sizes \[4, 2\], but this layer's are \[2, 4\]"):
+    with pytest.raises(ValueError, match=r"page 1 holds a state of sparse per-head sizes \[4, 2\], but this layer is of sparse per-head sizes \[2, 4\]"):
         other.bind_pages(pages, rows, seen=torch.tensor([12]))
     again = writer.new_state()
     again.bind_pages(pages, rows, seen=torch.tensor([12]))  # its own layout binds
+
+
+# -- one layout descriptor: what decides how a state is read, beyond its shapes ---------------------
+
+HEDGEHOG_8 = {"feature_map": "hedgehog", "feature_dim": 8}  # F = 16, as hedgehog_identity with D = 8
+
+
+def _of(**changes) -> lola.LoLAConfig:
+    return lola.LoLAConfig(**{**CFG.model_dump(), "mixing": "lola_authors", **changes})
+
+
+@pytest.mark.parametrize(
+    "writer, reader, match",
+    [
+        (_of(**HEDGEHOG_8), _of(), r"a state of feature map hedgehog \(F=16\) cannot load into a layer of feature map hedgehog_identity \(F=16\)"),
+        (
+            _of(feature_map="hedgehog", feature_dim=4),
+            _of(feature_map="elu"),
+            r"feature map hedgehog \(F=8\) cannot load into a layer of feature map elu \(F=8\)",
+        ),
+    ],
+    ids=["hedgehog-f8-into-identity", "hedgehog-f4-into-elu"],
+)
+def test_a_state_of_another_feature_map_of_the_same_size_is_refused(writer, reader, match):
+    # The same F gives the same shapes; the linear state holds other features.
+    _, state = run_layer(layer(writer))
+    target = layer(reader).new_state()
+    with pytest.raises(ValueError, match=match):
+        target.load_state_dict(state.state_dict())
+
+
+def test_write_rows_of_another_feature_map_is_refused():
+    _, theirs = run_layer(layer(_of(**HEDGEHOG_8)))
+    _, ours = run_layer(layer(_of()), batch=2)
+    with pytest.raises(
+        ValueError, match=r"another configuration: it holds a state of feature map hedgehog \(F=16\), this state is of feature map hedgehog_identity"
+    ):
+        ours.write_rows(torch.tensor([0]), theirs)
+
+
+def _pages_bound_by(writer: lola.LoLAAttention, reader: lola.LoLAAttention):
+    """Pages ``writer`` wrote over 30 tokens (page 1 of 3), released, then bound by ``reader``."""
+    from lola.engine.state_pages import clear_rows
+
+    state = writer.new_state()
+    layout = state.page_layout(4, writer.storage_heads(state), 8, writer.feature_dim, torch.float32)
+    assert layout == reader.new_state().page_layout(4, reader.storage_heads(state), 8, reader.feature_dim, torch.float32)  # the same shapes
+    pages = {key: torch.zeros(3, *shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+    rows = torch.tensor([1])
+    clear_rows(pages, rows)
+    state.bind_pages(pages, rows, seen=torch.tensor([0]))
+    run_layer(writer, state=state)
+    state.release_pages()
+    writer.new_state().bind_pages({k: p.clone() for k, p in pages.items()}, rows, seen=torch.tensor([30]))  # its own layout binds
+    reader.new_state().bind_pages(pages, rows, seen=torch.tensor([30]))
+
+
+@pytest.mark.parametrize(
+    "writer, reader, match",
+    [
+        (_of(**HEDGEHOG_8), _of(), r"page 1 holds a state of feature map hedgehog \(F=16\), but this layer is of feature map hedgehog_identity \(F=16\)"),
+        (_of(window=8, sparse_size=4), _of(window=4, sparse_size=8), r"page 1 holds a state of window size 8, but this layer is of window size 4"),
+        (
+            _of(window_per_head=[4, 8]),
+            _of(window_per_head=[8, 4]),
+            r"page 1 holds a state of window per-head sizes \[4, 8\], but this layer is of window per-head sizes \[8, 4\]",
+        ),
+        (_of(sinks=2, window=8, chunk=4), _of(sinks=4, window=6, chunk=4), r"page 1 holds a state of 2 sinks, but this layer is of 4 sinks"),
+    ],
+    ids=["hedgehog-into-identity", "window-sparse-traded", "window-per-head-swapped", "sinks-window-shifted"],
+)
+def test_pages_of_another_layout_of_the_same_shapes_are_refused_at_bind(writer, reader, match):
+    # Before the descriptor only per-head sparse sizes were stamped on pages: these bound, and
+    # were read as the reader's layout (or failed at the next call, inside the window).
+    with pytest.raises(ValueError, match=match):
+        _pages_bound_by(layer(writer), layer(reader))
+
+
+def test_a_state_saved_without_a_layout_descriptor_still_loads():
+    # States saved before the descriptor: the other checks alone, as then.
+    attn = layer()
+    _, state = run_layer(attn)
+    saved = state.state_dict()
+    old = {k: t for k, t in saved.items() if k != "layout"}
+    loaded = attn.new_state()
+    loaded.load_state_dict(old)
+    again = attn.new_state()
+    again.load_state_dict(saved)
+    assert torch.equal(run_layer(attn, 6, state=loaded, seed=1)[0], run_layer(attn, 6, state=again, seed=1)[0])
+    assert torch.equal(loaded.state_dict()["layout"], saved["layout"])  # stamped when saved again
+
+
+def test_a_cache_of_the_previous_format_still_loads(tmp_path):
+    from lola.integrations.transformers import LoLACache
+
+    model = saved_cache(tmp_path / "c")
+
+    def strip(tensors):
+        for key in [k for k in tensors if k.endswith(".layout")]:
+            del tensors[key]
+
+    assert json.loads((tmp_path / "c" / "cache.json").read_text())["format"] == "lola-cache/2"
+    edit_cache(tmp_path / "c", strip, lambda meta: meta.__setitem__("format", "lola-cache/1"))
+    cache = LoLACache.load(tmp_path / "c", model)
+    assert cache.layers[0].state.seen.tolist() == [30]
+
+
+def test_a_bool_mask_not_of_the_batch_is_refused_by_batch_select_indices():
+    from lola.integrations.transformers import LoLACache
+
+    model = tiny_lola()
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(ids(10, batch=2), cache=cache)
+    with pytest.raises(ValueError, match=r"a bool mask must hold one entry per row of the cache \(2\), got shape \(1,\); give the rows to keep as int indices"):
+        cache.batch_select_indices(torch.tensor([True]))
+    with pytest.raises(ValueError, match=r"must hold rows in \[0, 2\)"):
+        cache.batch_select_indices(torch.tensor([2]))
+    cache.batch_select_indices(torch.tensor([False, True]))  # a mask of the batch keeps its rows
+    assert cache.layers[0].state.batch_size == 1

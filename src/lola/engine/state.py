@@ -20,7 +20,17 @@ import torch
 from lola.core.positions import BoundedPositions
 from lola.engine.parts import binds_buffer, describe_part, slot_widths
 from lola.engine.row_counts import RowCounts
-from lola.engine.state_checks import StateLayout, check_row_index, check_state, reference_of
+from lola.engine.state_checks import (
+    LAYOUT_KEY,
+    StateLayout,
+    check_row_index,
+    check_state,
+    describe_layout,
+    encode_layout,
+    layout_difference,
+    reference_of,
+    summary,
+)
 from lola.kernels.ragged import RaggedSlots
 from lola.memory.base import KVBlock, LinearMemory, SinkMemory, SparseMemory, WindowMemory, check_role
 from lola.memory.linear_state import LinearState
@@ -252,7 +262,20 @@ class LayerState:
         out = {"seen": self.seen}
         for m in self.stateful_parts():
             out.update({f"{m.name}.{k}": t for k, t in m.state_dict().items()})
+        out[LAYOUT_KEY] = self.layout_entry()
         return out
+
+    def layout_entry(self) -> torch.Tensor:
+        """``layout [B, W]`` uint8: this state's layout descriptor
+        (:func:`~lola.engine.state_checks.describe_layout`) with every row, as :meth:`state_dict`
+        stamps it (held once per device and descriptor: no host copy per call)."""
+        descriptor = describe_layout(self)
+        key = (repr(descriptor), self.seen.device)
+        cached = getattr(self, "_layout_row", None)
+        if cached is None or cached[0] != key:
+            cached = (key, encode_layout(descriptor, 1, self.seen.device))
+            self._layout_row = cached
+        return cached[1].expand(self.seen.shape[0], -1).contiguous()
 
     def leave_inference_mode(self) -> None:
         """Copy a state made under ``torch.inference_mode()`` into normal tensors, once: outside
@@ -289,7 +312,7 @@ class LayerState:
             check_state(state, self)
         self.binding = None
         self._allocate_slots_for(state)
-        known = {"seen"}
+        known = {"seen", LAYOUT_KEY}  # the layout: compared by check_state, written again by state_dict
         for m in self.stateful_parts():
             part = {k.split(".", 1)[1]: t for k, t in state.items() if k.startswith(m.name + ".")}
             known |= {f"{m.name}.{k}" for k in part}
@@ -328,6 +351,13 @@ class LayerState:
             raise TypeError(f"other must be a LoLAMemory, got a {type(other).__name__}")
         if not other.allocated:
             raise ValueError("other is not allocated: it holds no rows to write (run it on a sequence first)")
+        diff = layout_difference(describe_layout(other), describe_layout(self))
+        if diff is not None:  # the layout first: states of the same shapes may be of others
+            field, a, b = diff
+            raise ValueError(
+                f"other was built for another configuration: it holds a state of {a}, this state is of {b} (layout field {field!r}; rows move only between states of one layout): "
+                f"other {summary(describe_layout(other))}; this {summary(describe_layout(self))}"
+            )
         theirs = other.state_dict()
         ours = self.state_dict()
         if theirs.keys() != ours.keys() or other.spec() != self.spec():

@@ -8,13 +8,26 @@ geometry a layer declares for its state, which a loaded state is compared with.
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CheckedState", "StateLayout", "check_row_index", "check_state", "layout_of", "reference_of"]
+__all__ = [
+    "LAYOUT_KEY",
+    "CheckedState",
+    "StateLayout",
+    "check_layout",
+    "check_row_index",
+    "check_state",
+    "decode_layout",
+    "describe_layout",
+    "encode_layout",
+    "layout_of",
+    "reference_of",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,8 @@ class StateLayout:
         head_dim: ``D``.
         feature_dim: ``F``, the size of ``φ(k)``.
         non_negative: the key feature map's features are ``>= 0``, and so is ``linear.s``.
+        feature_map: the feature map's name (``hedgehog``, ``hedgehog_identity``, ``elu``, …):
+            maps of one ``F`` fill the linear state with other features.
     """
 
     num_heads: int
@@ -36,6 +51,7 @@ class StateLayout:
     head_dim: int
     feature_dim: int
     non_negative: bool = False
+    feature_map: str | None = None
 
 
 class CheckedState(Protocol):
@@ -127,6 +143,8 @@ def check_state(state: dict[str, torch.Tensor], memory: CheckedState | None = No
     """Refuse a state dict no run (of ``memory``, when given) could have written; the one check of
     every state that comes from outside (:meth:`LoLAMemory.load_state_dict`, ``LoLACache.load``).
 
+    First the layout the state was written in (``state['layout']``, :func:`check_layout`):
+    the feature map, heads, sinks, window, sparse sizes a state of the same shapes may differ in.
     Always: every value a tensor, ``seen`` a ``[B]`` int64 count ``>= 0``, finite floats,
     the slots' attention tallies (``.acc``, unless ``memory``'s policy keeps scores there) ``>= 0``, and positions ``[B, Hs, N]`` int64 below their row's
     ``seen``, no position held by two exact slots of a row and storage head. Against
@@ -142,6 +160,12 @@ def check_state(state: dict[str, torch.Tensor], memory: CheckedState | None = No
     for key, t in state.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"state[{key!r}] must be a tensor, got {type(t).__name__}")
+    # First the layout the state was written in (a state of the same shapes may be of another)
+    if memory is not None:
+        check_layout(state, memory)
+    elif LAYOUT_KEY in state:
+        decode_layout(state[LAYOUT_KEY], f"state[{LAYOUT_KEY!r}]")
+    state = {k: t for k, t in state.items() if k != LAYOUT_KEY}
     seen = state["seen"]
     if seen.dtype != torch.int64 or seen.dim() != 1:
         raise ValueError(f"state['seen'] must be a 1-D torch.int64 tensor, got {seen.dtype} {tuple(seen.shape)}")
@@ -290,7 +314,9 @@ def reference_of(memory: Any, state: dict[str, torch.Tensor] | None = None) -> t
     allocated on ``meta`` (the checks that need no reference still run).
     """
     if memory.allocated:
-        return memory.state_dict(), set()
+        own = memory.state_dict()
+        own.pop(LAYOUT_KEY, None)  # compared first, by check_layout
+        return own, set()
     layout = memory.layout or layout_of(state or {}, memory.linear.name, memory.window.name)
     if layout is None:
         return None
@@ -311,6 +337,168 @@ def reference_of(memory: Any, state: dict[str, torch.Tensor] | None = None) -> t
             twin.allocate(1, layout.num_heads, layout.storage_heads, layout.head_dim, layout.feature_dim, dtype, torch.device("meta"))
         except Exception:  # a custom part that cannot be copied or allocated on meta
             return None
-        twins.append(twin.state_dict())
+        twins.append({k: t for k, t in twin.state_dict().items() if k != LAYOUT_KEY})
     a, b = twins
     return a, {k for k in a if a[k].dtype != b[k].dtype}
+
+
+# -- the layout a state is written in --------------------------------------------------------------
+
+LAYOUT_VERSION = 1
+"""The version of the layout descriptor (:func:`describe_layout`) stamped on saved states and pages."""
+
+LAYOUT_KEY = "layout"
+"""The state-dict entry (and page) holding the layout descriptor: ``[B, W]`` uint8, each row the
+descriptor's JSON, zero-padded."""
+
+_LAYOUT_FIELDS = ("feature_map", "feature_dim", "num_heads", "storage_heads", "head_dim", "gqa_storage", "sinks", "window", "max_pending", "sparse")
+
+
+def _sizes(part: object) -> object:
+    """A store's size as its layout records it: its per-head sizes, else its one size (or its
+    description when it declares neither)."""
+    sizes = getattr(part, "head_sizes", None)
+    if isinstance(sizes, (list, tuple)) and sizes:
+        return [int(s) for s in sizes]
+    size = getattr(part, "size", None)
+    if not isinstance(size, int) or isinstance(size, bool):
+        size = getattr(part, "capacity", None)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    from lola.engine.parts import describe_part
+
+    return describe_part(part)
+
+
+def describe_layout(memory: Any, geometry: StateLayout | None = None) -> dict[str, object]:
+    """The one descriptor of how ``memory``'s state is laid out and read: the feature map (its
+    name and ``F``), the heads, storage heads and ``D`` (from ``geometry``, else the
+    :attr:`layout` its layer declared; left out when neither is known), the GQA storage, the
+    sinks, the window (per head) and its pending tokens, and the sparse sizes (per head).
+
+    Two states of the same tensor shapes may differ in any of these (a hedgehog ``f = 8`` map
+    and ``hedgehog_identity`` both hold 16 features; window 8 and sparse 4 hold the slots of window
+    4 and sparse 8): the descriptor is stamped on every saved state and bound page, and compared
+    first (:func:`check_layout`)."""
+    g = geometry or getattr(memory, "layout", None)
+    out: dict[str, object] = {"v": LAYOUT_VERSION}
+    if g is not None:
+        if g.feature_map is not None:
+            out["feature_map"] = g.feature_map
+        out.update(feature_dim=g.feature_dim, num_heads=g.num_heads, storage_heads=g.storage_heads, head_dim=g.head_dim)
+    out.update(
+        gqa_storage=memory.gqa_storage,
+        sinks=_sizes(memory.sinks),
+        window=_sizes(memory.window),
+        max_pending=getattr(memory.window, "max_pending", None),
+        sparse=_sizes(memory.sparse),
+    )
+    return out
+
+
+def layout_width(descriptor: dict[str, object]) -> int:
+    """Bytes a descriptor is stored in: its JSON rounded up to 128 bytes, at least 256."""
+    n = len(json.dumps(descriptor, separators=(",", ":")).encode())
+    return max(256, -(-n // 128) * 128)
+
+
+def encode_layout(descriptor: dict[str, object], rows: int, device: torch.device, width: int | None = None) -> torch.Tensor:
+    """``descriptor`` as ``[rows, width]`` uint8: its JSON, zero-padded (one copy per row)."""
+    data = json.dumps(descriptor, separators=(",", ":")).encode()
+    width = width or layout_width(descriptor)
+    row = torch.zeros(width, dtype=torch.uint8)
+    row[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    return row.to(device).expand(rows, -1).contiguous()
+
+
+def decode_layout(t: torch.Tensor, what: str) -> list[dict[str, object] | None]:
+    """The descriptors of each row of ``t [B, W]`` uint8 (``None`` for a row of zeros: a cleared
+    page, not yet stamped).
+
+    Raises:
+        ValueError: naming ``what``, when a row holds no descriptor :func:`encode_layout` writes.
+    """
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 2:
+        raise ValueError(f"{what} must be a [B, W] torch.uint8 layout descriptor, got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    out: list[dict[str, object] | None] = []
+    rows = t.cpu()
+    unique, inverse = rows.unique(dim=0, return_inverse=True) if rows.shape[0] else (rows, torch.zeros(0, dtype=torch.long))
+    decoded: list[dict[str, object] | None] = []
+    for row in unique:
+        data = bytes(row.tolist()).rstrip(b"\0")
+        if not data:
+            decoded.append(None)
+            continue
+        try:
+            d = json.loads(data.decode())
+        except (UnicodeDecodeError, ValueError):
+            d = None
+        if not isinstance(d, dict) or not isinstance(d.get("v"), int) or isinstance(d.get("v"), bool):
+            raise ValueError(f"{what} holds no layout descriptor (damaged, or not written by lola)")
+        if d["v"] > LAYOUT_VERSION:
+            raise ValueError(f"{what} holds a layout descriptor of version {d['v']}; this lola reads up to {LAYOUT_VERSION} (a newer lola wrote it)")
+        decoded.append(d)
+    for i in inverse.tolist():
+        out.append(decoded[i])
+    return out
+
+
+def _same_value(a: object, b: object) -> bool:
+    """One size for every head equals per-head sizes that are all that size."""
+    if isinstance(a, int) and isinstance(b, list):
+        a, b = b, a
+    if isinstance(a, list) and isinstance(b, int) and not isinstance(b, bool):
+        return all(x == b for x in a)
+    return a == b
+
+
+def _label(field: str, d: dict[str, object]) -> str:
+    """``d``'s ``field`` in words (the feature map with its ``F``)."""
+    value = d.get(field)
+    if field == "feature_map":
+        return f"feature map {value} (F={d.get('feature_dim', '?')})"
+    if field == "feature_dim":  # the linear state's shape differs too
+        return f"feature map {d.get('feature_map', '(unnamed)')} (F={value}: a linear state of {value} features per head)"
+    if field in ("window", "sparse"):
+        return f"{field} per-head sizes {value}" if isinstance(value, list) else f"{field} size {value}"
+    words = {"num_heads": "{} heads", "storage_heads": "{} storage heads", "head_dim": "head_dim {}", "gqa_storage": "gqa_storage {}", "sinks": "{} sinks"}
+    return words.get(field, field + " {}").format(value)
+
+
+def layout_difference(saved: dict[str, object], ours: dict[str, object]) -> tuple[str, str, str] | None:
+    """The first field (in :data:`_LAYOUT_FIELDS` order) in which two descriptors differ, and each
+    one's in words; ``None`` when they agree on every field both record."""
+    for field in _LAYOUT_FIELDS:
+        if field in saved and field in ours and not _same_value(saved[field], ours[field]):
+            return field, _label(field, saved), _label(field, ours)
+    return None
+
+
+def summary(d: dict[str, object]) -> str:
+    """A descriptor in one line."""
+    return ", ".join(f"{k}={d[k]}".replace(" ", "") for k in _LAYOUT_FIELDS if k in d)
+
+
+def check_layout(state: dict[str, torch.Tensor], memory: Any) -> None:
+    """Refuse a state whose layout descriptor (``state['layout']``) is not ``memory``'s
+    (:func:`describe_layout`), naming both layouts and the first field that differs. A state
+    saved before descriptors (none) is left to the other checks.
+
+    Raises:
+        ValueError: on one line.
+    """
+    if LAYOUT_KEY not in state:
+        return
+    rows = decode_layout(state[LAYOUT_KEY], f"state[{LAYOUT_KEY!r}]")
+    if not rows or rows[0] is None:
+        raise ValueError(f"state[{LAYOUT_KEY!r}] holds no layout descriptor (a row of zeros)")
+    if any(r != rows[0] for r in rows[1:]):
+        raise ValueError(f"state[{LAYOUT_KEY!r}] holds rows of different layouts: a state is of one layout")
+    ours = describe_layout(memory)
+    diff = layout_difference(rows[0], ours)
+    if diff is not None:
+        field, theirs, mine = diff
+        raise ValueError(
+            f"a state of {theirs} cannot load into a layer of {mine} (layout field {field!r}; a state loads only into the layout that wrote it): "
+            f"saved {summary(rows[0])}; this layer {summary(ours)}"
+        )

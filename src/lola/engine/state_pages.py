@@ -30,6 +30,7 @@ from typing import Mapping
 import torch
 
 from lola.engine.state import LayerState, PageBinding
+from lola.engine.state_checks import LAYOUT_KEY, StateLayout, decode_layout, describe_layout, encode_layout, layout_difference, layout_width, summary
 from lola.memory.base import EMPTY, KVBlock
 from lola.policies.base import keeps_tallies
 
@@ -91,9 +92,11 @@ def page_layout(
     """Each page's per-row shape and dtype: ``slots.k``, ``slots.v`` ``[Hs, N, D]`` (``dtype``),
     ``slots.pos`` ``[Hs, N]`` int64, ``slots.acc`` ``[Hs, N]`` float32 (policies that tally
     attention or keep scores), with per-head sparse sizes their run ``ragged.k``, ``ragged.v``
-    ``[1, Σ λ_h, D]``, ``ragged.pos`` ``[1, Σ λ_h]`` (and ``ragged.acc``) and ``ragged.head_sizes`` ``[Hs]`` int64
-    (the widths ``λ_h``, stamped by :func:`bind`), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
-    statistics' tensors (policies that read them) and, with ``seen``, ``seen`` ``[]`` int64."""
+    ``[1, Σ λ_h, D]``, ``ragged.pos`` ``[1, Σ λ_h]`` (and ``ragged.acc``), ``linear.H`` ``[H, F, D]`` and ``linear.s`` ``[H, F]`` float32, the query
+    statistics' tensors (policies that read them), ``layout`` ``[W]`` uint8 (the layout
+    descriptor, :func:`lola.engine.state_checks.describe_layout`, stamped by :func:`bind`: pages
+    of another feature map, window, sinks or sparse sizes may have the same shapes) and, with
+    ``seen``, ``seen`` ``[]`` int64."""
     _require_bindable(memory)
     n = memory.slots.width
     out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
@@ -108,9 +111,6 @@ def page_layout(
         out.update({"ragged.k": ((1, run, head_dim), dtype), "ragged.v": ((1, run, head_dim), dtype), "ragged.pos": ((1, run), torch.long)})
         if keeps_tallies(memory.policy):
             out["ragged.acc"] = ((1, run), torch.float32)
-        # the widths the run is cut into, in head order: pages of other widths of the same
-        # total have the same shapes (stamped at bind, checked with check=True)
-        out["ragged.head_sizes"] = ((len(memory.slots.head_widths),), torch.long)
     out["linear.H"] = ((num_heads, feature_dim, head_dim), torch.float32)
     out["linear.s"] = ((num_heads, feature_dim), torch.float32)
     if memory.queries is not None:
@@ -121,9 +121,17 @@ def page_layout(
                 f"{memory.queries.name}.sq": ((num_heads, head_dim, head_dim), torch.float32),
             }
         )
+    out[LAYOUT_KEY] = ((layout_width(_page_descriptor(memory, num_heads, storage_heads, head_dim, feature_dim)),), torch.uint8)
     if seen:
         out["seen"] = ((), torch.long)
     return out
+
+
+def _page_descriptor(memory: LayerState, num_heads: int, storage_heads: int, head_dim: int, feature_dim: int) -> dict[str, object]:
+    """The layout descriptor of pages of this geometry bound to ``memory`` (the feature map its layer declared)."""
+    declared = memory.layout
+    geometry = StateLayout(num_heads, storage_heads, head_dim, feature_dim, feature_map=declared.feature_map if declared is not None else None)
+    return describe_layout(memory, geometry)
 
 
 def clear_rows(pages: Mapping[str, torch.Tensor], rows: torch.Tensor) -> None:
@@ -194,25 +202,28 @@ def check_pages_content(pages: Mapping[str, torch.Tensor], rows: torch.Tensor, s
         )
 
 
-def _stamp_layout(page: torch.Tensor, rows: torch.Tensor, widths: list[int], check: bool) -> None:
-    """Write this layer's per-head widths into the layout page of ``rows``; with ``check``,
-    refuse rows that hold a state of other widths first (a cleared page holds zeros: not yet
-    stamped).
-
-    Raises:
-        ValueError: naming the page, its widths and this layer's.
-    """
-    want = torch.tensor(widths, dtype=torch.long, device=page.device)
-    if check:
-        held = page.index_select(0, rows)  # [B, Hs]
-        wrong = held.ne(0).any(-1) & held.ne(want).any(-1)
-        if bool(wrong.any()):
-            r = int(wrong.nonzero()[0, 0])
+def _check_page_layout(page: object, rows: torch.Tensor, ours: dict[str, object], strict: bool) -> None:
+    """Refuse rows of the ``layout`` page stamped with another layout than ``ours`` (a cleared page
+    holds zeros: not yet stamped), naming the page, both layouts and the first field that differs.
+    Run first, before the pages' shapes are compared (pages of another layout may have other
+    shapes too), and not ``strict`` there: rows that hold no descriptor are left to the checks of
+    shapes and content, then refused (``strict``)."""
+    if not isinstance(page, torch.Tensor) or page.dtype != torch.uint8 or page.dim() != 2:
+        return  # (the shape check names it)
+    try:
+        held = decode_layout(page.index_select(0, rows.to(page.device)), f"pages[{LAYOUT_KEY!r}] (page {rows.tolist()[:8]})")
+    except ValueError:
+        if strict:
+            raise
+        return
+    for r, theirs in enumerate(held):
+        diff = None if theirs is None else layout_difference(theirs, ours)
+        if diff is not None:
+            field, a, b = diff
             raise ValueError(
-                f"page {int(rows[r])} holds a state of per-head sparse sizes {held[r].tolist()}, but this layer's are {widths}: "
-                "a page binds only to the layout that wrote it (clear a new sequence's pages with clear_rows)"
+                f"page {int(rows[r])} holds a state of {a}, but this layer is of {b} (layout field {field!r}; "
+                f"a page binds only to the layout that wrote it: clear a new sequence's pages with clear_rows): page {summary(theirs)}; this layer {summary(ours)}"
             )
-    page.index_copy_(0, rows, want.expand(rows.numel(), -1))
 
 
 def bind(memory: LayerState, pages: Mapping[str, torch.Tensor], rows: torch.Tensor, seen: torch.Tensor | None = None, check: bool = True) -> None:
@@ -235,6 +246,10 @@ def bind(memory: LayerState, pages: Mapping[str, torch.Tensor], rows: torch.Tens
     H = pages.get("linear.H")
     if not isinstance(k, torch.Tensor) or k.dim() != 4 or not isinstance(H, torch.Tensor) or H.dim() != 4:
         raise ValueError("pages must hold 'slots.k' [slots, Hs, N, D] and 'linear.H' [slots, H, F, D] (see lola.engine.state_pages.page_layout)")
+    ours = _page_descriptor(memory, H.shape[1], k.shape[1], k.shape[3], H.shape[2])
+    rows_given = isinstance(rows, torch.Tensor) and rows.dim() == 1 and not (rows.is_floating_point() or rows.is_complex() or rows.dtype == torch.bool)
+    if check and rows_given and rows.numel() and int(rows.min()) >= 0 and int(rows.max()) < k.shape[0]:
+        _check_page_layout(pages.get(LAYOUT_KEY), rows.long(), ours, strict=False)  # the layout first (the rows are checked below)
     expected = page_layout(memory, H.shape[1], k.shape[1], k.shape[3], H.shape[2], k.dtype, seen="seen" in pages)
     if set(pages) != set(expected):
         raise ValueError(f"pages must hold exactly {sorted(expected)}, got {sorted(pages)}")
@@ -256,8 +271,10 @@ def bind(memory: LayerState, pages: Mapping[str, torch.Tensor], rows: torch.Tens
     _claim(memory, k, rows)
     if check:
         check_pages_content(pages, rows, pages["seen"].index_select(0, rows) if "seen" in pages else seen.to(device=k.device, dtype=torch.long))
-    if "ragged.head_sizes" in pages:
-        _stamp_layout(pages["ragged.head_sizes"], rows, list(memory.slots.head_widths), check)
+    layout = pages[LAYOUT_KEY]
+    if check:
+        _check_page_layout(layout, rows, ours, strict=True)
+    layout.index_copy_(0, rows, encode_layout(ours, rows.numel(), layout.device, layout.shape[1]))
     start = _contiguous_start(rows)
 
     def take(page: torch.Tensor) -> torch.Tensor:

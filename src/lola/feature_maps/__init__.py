@@ -37,4 +37,6 @@ def build_feature_map(name: str, num_heads: int, head_dim: int, feature_dim: int
     spec = _REGISTRY.get(name) if isinstance(name, str) else None
     if spec is None:
         raise ValueError(f"feature_map must be one of {FEATURE_MAPS}, got {name!r}")
-    return spec.build(num_heads, head_dim, feature_dim)
+    fm = spec.build(num_heads, head_dim, feature_dim)
+    fm.kind = spec.name
+    return fm

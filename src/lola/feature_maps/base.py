@@ -22,6 +22,9 @@ class FeatureMap(nn.Module):
     #: ``{parameter name: axis}`` of every per-head parameter (a share of the heads, as a
     #: tensor-parallel rank holds, is cut along it: :func:`lola.head_share.head_axes`).
     head_axes: dict[str, int] = {}
+    #: The name it was built by (:func:`lola.feature_maps.build_feature_map`; ``None``: a custom
+    #: map, named by its class). A saved state records it: maps of one ``F`` write other features.
+    kind: str | None = None
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()

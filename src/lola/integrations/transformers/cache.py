@@ -21,7 +21,11 @@ from lola.limits import MAX_TOKENS
 
 __all__ = ["LoLACache", "LoLACacheLayer"]
 
-_FORMAT = "lola-cache/1"
+_FORMAT = "lola-cache/2"
+"""The format :meth:`LoLACache.save` writes: 2 stamps each layer's state with its layout
+descriptor (``layers.<i>.layout``, :func:`lola.engine.state_checks.describe_layout`)."""
+_READ_FORMATS = ("lola-cache/1", _FORMAT)
+"""The formats :meth:`LoLACache.load` reads: 1 (no layout descriptor: the other checks alone)."""
 
 
 class LoLACacheLayer(CacheLayerMixin):
@@ -100,9 +104,19 @@ class LoLACacheLayer(CacheLayerMixin):
             self.state.select_rows(torch.arange(self.state.batch_size).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep rows ``indices`` (int rows, or a bool mask of one entry per row)."""
         if self.state is not None and self.state.allocated:
             index = torch.as_tensor(indices)
-            self.state.select_rows(index.nonzero().flatten() if index.dtype == torch.bool else index.long().flatten())
+            if index.dtype == torch.bool:
+                rows = self.state.batch_size
+                if index.dim() != 1 or index.shape[0] != rows:
+                    raise ValueError(
+                        f"indices: a bool mask must hold one entry per row of the cache ({rows}), got shape {tuple(index.shape)}; give the rows to keep as int indices"
+                    )
+                index = index.nonzero().flatten()
+            elif index.dim() != 1:
+                raise ValueError(f"indices must be a 1-D tensor of rows in [0, {self.state.batch_size}), got shape {tuple(index.shape)}")
+            self.state.select_rows(index)
 
     def offload(self) -> None:  # the state is small; it stays where its layer runs
         return None
@@ -229,9 +243,9 @@ class LoLACache(Cache):
         if not os.path.isfile(meta_path):
             raise ValueError(f"{directory} does not hold a lola cache: {meta_path} is missing")
         meta = _read_meta(Path(meta_path))
-        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        if not isinstance(meta, dict) or meta.get("format") not in _READ_FORMATS:
             found = meta.get("format") if isinstance(meta, dict) else None
-            raise ValueError(f"{directory} does not hold a lola cache (format {found!r}, expected {_FORMAT!r})")
+            raise ValueError(f"{directory} does not hold a lola cache (format {found!r}, expected one of {list(_READ_FORMATS)})")
         if meta.get("checksum") != _meta_checksum(meta):
             raise ValueError(f"{meta_path} does not match its own checksum: the file was edited or damaged")
         weights = os.path.join(directory, _tensor_file(meta, meta_path))
@@ -307,7 +321,7 @@ def _is_cache_description(path: Path) -> bool:
         meta = _read_meta(path)
     except (ValueError, OSError):
         return False
-    return isinstance(meta, dict) and meta.get("format") == _FORMAT
+    return isinstance(meta, dict) and meta.get("format") in _READ_FORMATS
 
 
 def _tensor_file(meta: Any, meta_path: Any = _META_FILE) -> str:

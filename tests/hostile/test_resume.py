@@ -24,6 +24,8 @@ import json
 import math
 import os
 import shutil
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -911,6 +913,22 @@ def test_niah_results_without_their_inputs_cannot_resume_records(tmp_path, capsy
     assert json.loads((r / "results.json").read_text())["inputs"]["haystack_file"] == content_digest(hay)
 
 
+@contextmanager
+def _within(seconds: int):
+    """Fail (``TimeoutError``) instead of hanging when the body blocks longer than ``seconds``."""
+
+    def hung(signum, frame):
+        raise TimeoutError(f"blocked for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 PROBE = ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "hybrid", "--max-new-tokens", "1"]
 
 
@@ -992,8 +1010,6 @@ def test_a_probe_file_without_its_inputs_cannot_resume_records(probed, tmp_path,
 
 
 def test_record_files_are_plain_files_never_followed_or_waited_on(tmp_path):
-    import signal
-
     from lola.io.records import drop_cut_record, open_record_file, read_record_file
 
     precious = tmp_path / "precious.jsonl"
@@ -1002,8 +1018,7 @@ def test_record_files_are_plain_files_never_followed_or_waited_on(tmp_path):
     link.symlink_to(precious)
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
-    signal.alarm(30)  # a FIFO opened the blocking way would hang the test, not fail it
-    try:
+    with _within(30):  # a FIFO opened the blocking way would hang the test, not fail it
         for use in (read_record_file, drop_cut_record, open_record_file):
             with pytest.raises(ValueError, match=f"{link} is a symbolic link"):
                 use(link, "lola probe")
@@ -1011,8 +1026,6 @@ def test_record_files_are_plain_files_never_followed_or_waited_on(tmp_path):
                 use(fifo, "lola probe")
             with pytest.raises(ValueError, match="is a folder"):
                 use(tmp_path, "lola probe")
-    finally:
-        signal.alarm(0)
     assert precious.read_text() == '{"mine": 1}\n{"cut'
     assert read_record_file(tmp_path / "none.jsonl") is None
     assert drop_cut_record(precious) and precious.read_text() == '{"mine": 1}\n'
@@ -1025,8 +1038,6 @@ def test_record_files_are_plain_files_never_followed_or_waited_on(tmp_path):
 
 @pytest.mark.parametrize("kind", ["link", "fifo"])
 def test_a_probe_whose_records_file_is_a_link_or_a_fifo_is_refused(kind, probed, tmp_path, capsys):
-    import signal
-
     out = _probe_copy(probed, tmp_path)
     precious = tmp_path / "precious.jsonl"
     precious.write_text('{"mine": 1}\n')
@@ -1035,9 +1046,6 @@ def test_a_probe_whose_records_file_is_a_link_or_a_fifo_is_refused(kind, probed,
         (out / "probe.jsonl").symlink_to(precious)
     else:
         os.mkfifo(out / "probe.jsonl")
-    signal.alarm(60)
-    try:
+    with _within(60):
         refused(capsys, [*PROBE, "--out", str(out)], str(out / "probe.jsonl"), "a symbolic link" if kind == "link" else "a FIFO", "another --out")
-    finally:
-        signal.alarm(0)
     assert precious.read_text() == '{"mine": 1}\n'

@@ -207,7 +207,18 @@ def _lola_results() -> dict:
     return {"format": RESULTS_FORMAT, "run": run.model_dump(), "summary": {}}
 
 
-SAMPLE = {"method": "full", "length": 400, "index": 0, "depth": 0.25, "score": 1.0, "cache_bytes": 10, "tokens_per_second": 1.0}
+SAMPLE = {
+    "method": "full",
+    "length": 400,
+    "index": 0,
+    "depth": 0.25,
+    "prompt_tokens": 390,
+    "answers": ["1234567"],
+    "prediction": "1234567",
+    "score": 1.0,
+    "cache_bytes": 10,
+    "tokens_per_second": 1.0,
+}
 RESULTS = json.dumps(_lola_results()).encode()
 
 

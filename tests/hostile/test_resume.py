@@ -24,6 +24,8 @@ import json
 import math
 import os
 import shutil
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -642,6 +644,9 @@ BAD_RECORDS = [
     ("a speed as a word", _record(tokens_per_second="fast"), "tokens_per_second"),
     ("an unknown key", _record(note="edited"), "note"),
     ("no score", _record(score=None), "score"),
+    ("no prediction", _record(prediction=None), "prediction"),
+    ("no answers", _record(answers=None), "answers"),
+    ("no prompt length", _record(prompt_tokens=None), "prompt_tokens"),
     ("a JSON array", "[1, 2]", "not a lola niah sample"),
 ]
 
@@ -667,10 +672,19 @@ def test_a_sample_recorded_twice_is_refused_naming_both_lines(copy, tmp_path):
 
 def test_valid_records_are_read_back(tmp_path):
     out = tmp_path / "r"
-    minimal = {k: _record(method="full", length=200, index=0)[k] for k in ("method", "length", "index", "depth", "score", "cache_bytes")}
-    _saved(out, records=[_record(), minimal])  # older records lack the optional keys
+    fewest = _record(method="full", length=200, index=0, seconds=None, tokens_per_second=None)  # the timings are optional
+    _saved(out, records=[_record(), fewest])
     done = check_out_folder(out, RUN)
     assert set(done) == {("window", 300, 1), ("full", 200, 0)} and done[("window", 300, 1)]["score"] == 1.0
+
+
+def test_a_record_stripped_of_what_proves_its_score_is_refused(tmp_path):
+    # Cut to method, length, index, depth, score and cache_bytes, a record's score (flipped, say)
+    # could no longer be recomputed, nor its prompt compared: it is refused, not trusted.
+    stripped = {k: _record(index=0)[k] for k in ("method", "length", "index", "depth", "score", "cache_bytes")}
+    message = _refusal_of_second_record({**stripped, "score": 0.0}, tmp_path)
+    for fragment in ("samples.jsonl: line 2", "prompt_tokens", "answers", "prediction", "Field required", "use another --out"):
+        assert fragment in message, (fragment, message)
 
 
 def test_lola_niah_refuses_a_bad_record_before_loading_and_keeps_the_folder(tmp_path, capsys, no_model):
@@ -837,3 +851,201 @@ def test_a_run_recorded_with_a_relative_haystack_resumes_after_the_folder_moves(
     capsys.readouterr()
     assert main([*argv, "--haystack-file", str(moved / "hay.txt"), "--out", str(moved / "run")]) == 2
     assert "--haystack-file" in capsys.readouterr().err
+
+
+# -- records bound to this run's prompts, record files that are plain files ------------------------------
+
+
+ONE_NIAH = ["niah", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "full", "--max-new-tokens", "1"]
+
+
+def _samples(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def test_niah_records_of_another_seed_are_refused_against_this_runs_prompts(tmp_path, capsys):
+    # Same options but --seed: the record's answers are another needle's. Whether its
+    # samples.jsonl is copied into this run's folder, or this run's results.json is replaced by
+    # the other run's and resumed with its seed, the records are checked against the prompts run.
+    r, q = tmp_path / "r", tmp_path / "q"
+    assert main([*ONE_NIAH, "--out", str(r)]) == 0
+    assert main([*ONE_NIAH, "--seed", "1", "--out", str(q)]) == 0
+    own, other = _samples(r)[0], _samples(q)[0]
+    assert own["answers"] != other["answers"]
+    capsys.readouterr()
+    shutil.copy(r / "samples.jsonl", tmp_path / "own.jsonl")
+    shutil.copy(q / "samples.jsonl", r / "samples.jsonl")
+    refused(capsys, [*ONE_NIAH, "--out", str(r)], "samples.jsonl: line 1", "answers", "another seed", "use another --out")
+    shutil.copy(tmp_path / "own.jsonl", r / "samples.jsonl")
+    shutil.copy(q / "results.json", r / "results.json")  # results of seed 1 over samples of seed 0
+    refused(capsys, [*ONE_NIAH, "--seed", "1", "--out", str(r)], "samples.jsonl: line 1", "answers")
+    assert _samples(r) == [own]
+
+
+def test_a_niah_record_of_another_prompt_length_is_refused(tmp_path, capsys):
+    r = tmp_path / "r"
+    assert main([*ONE_NIAH, "--out", str(r)]) == 0
+    rec = _samples(r)[0]
+    (r / "samples.jsonl").write_text(json.dumps({**rec, "prompt_tokens": 5000}) + "\n")
+    capsys.readouterr()
+    refused(
+        capsys,
+        [*ONE_NIAH, "--out", str(r)],
+        "samples.jsonl: line 1",
+        f"prompt_tokens 5000 is not the length of this run's sample 0 at length 400's prompt ({rec['prompt_tokens']}",
+    )
+
+
+def test_niah_results_without_their_inputs_cannot_resume_records(tmp_path, capsys):
+    # results.json's inputs removed: a haystack rewritten since could not be told from the same one.
+    hay = tmp_path / "hay.txt"
+    hay.write_text("The grass is green. The sky is blue. " * 200)
+    r = tmp_path / "r"
+    argv = [*ONE_NIAH, "--haystack-file", str(hay), "--out", str(r)]
+    assert main(argv) == 0
+    results = json.loads((r / "results.json").read_text())
+    del results["inputs"]
+    (r / "results.json").write_text(json.dumps(results))
+    capsys.readouterr()
+    refused(capsys, argv, "records no fingerprint of --haystack-file", "remove samples.jsonl", "use another --out")
+    (r / "samples.jsonl").unlink()  # nothing to prove: the run starts over and records its inputs again
+    assert main(argv) == 0
+    assert json.loads((r / "results.json").read_text())["inputs"]["haystack_file"] == content_digest(hay)
+
+
+@contextmanager
+def _within(seconds: int):
+    """Fail (``TimeoutError``) instead of hanging when the body blocks longer than ``seconds``."""
+
+    def hung(signum, frame):
+        raise TimeoutError(f"blocked for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+PROBE = ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "hybrid", "--max-new-tokens", "1"]
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> Path:
+    """A finished ``lola probe`` (PROBE) folder; tests copy it."""
+    out = tmp_path_factory.mktemp("probed") / "p"
+    assert main([*PROBE, "--out", str(out)]) == 0
+    return out
+
+
+def _probe_copy(probed: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "p"
+    shutil.copytree(probed, out)
+    return out
+
+
+def _probe_records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "probe.jsonl").read_text().splitlines()]
+
+
+def _flipped(rec: dict) -> dict:
+    return {**rec, "score": 1.0 - rec["score"]}
+
+
+PROBE_EDITS = [
+    ("a score of 7", lambda recs: [{**recs[0], "score": 7.0}], "line 1", "score"),
+    ("a score its prediction does not earn", lambda recs: [_flipped(recs[0])], "line 1", "is not what its prediction scores"),
+    ("the record twice, the copy scoring otherwise", lambda recs: [recs[0], _flipped(recs[0])], "line 2", "is not what its prediction scores"),
+    ("the record twice", lambda recs: [recs[0], recs[0]], "line 2 repeats sample 0 of hybrid at length 400 (first on line 1)", "delete the line"),
+    ("a method the run does not probe", lambda recs: [*recs, {**recs[0], "method": "lola-sre"}], "line 2", "method 'lola-sre' is not one this run probes"),
+    ("a length the run does not have", lambda recs: [*recs, {**recs[0], "length": 800}], "line 2", "length 800"),
+    ("an index beyond the samples", lambda recs: [*recs, {**recs[0], "index": 1}], "line 2", "index 1"),
+    ("no layers", lambda recs: [{k: v for k, v in recs[0].items() if k != "layers"}], "line 1", "layers: Field required"),
+    ("other answers", lambda recs: [{**recs[0], "answers": ["0000000"], "prediction": "0000000", "score": 1.0}], "line 1", "answers ['0000000'] are not those"),
+    ("a share as a string", lambda recs: [{**recs[0], "layers": {"0": {**recs[0]["layers"]["0"], "share": ["0.5"]}}}], "line 1", "share"),
+]
+
+
+@pytest.mark.parametrize("name, edit, where, fragment", PROBE_EDITS, ids=[c[0] for c in PROBE_EDITS])
+def test_a_probe_record_this_run_could_not_have_written_is_refused_naming_file_and_line(name, edit, where, fragment, probed, tmp_path, capsys):
+    out = _probe_copy(probed, tmp_path)
+    (out / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in edit(_probe_records(out))))
+    before = snapshot(out)
+    refused(capsys, [*PROBE, "--out", str(out)], f"probe.jsonl: {where}", fragment, "another --out")
+    assert snapshot(out) == before  # probe.json still summarises the run's own records
+
+
+def test_probe_records_of_another_seed_are_refused(probed, tmp_path, capsys):
+    out, other = _probe_copy(probed, tmp_path), tmp_path / "q"
+    assert main([*PROBE, "--seed", "1", "--out", str(other)]) == 0
+    shutil.copy(other / "probe.jsonl", out / "probe.jsonl")
+    capsys.readouterr()
+    refused(capsys, [*PROBE, "--out", str(out)], "probe.jsonl: line 1", "answers", "another seed")
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [
+        (["--max-new-tokens", "2"], ["--max-new-tokens: saved 1, now 2"]),
+        (["--seed", "1", "--sinks", "2"], ["--seed: saved 0, now 1", "--sinks: saved 4, now 2"]),
+    ],
+    ids=["max-new-tokens", "seed and sinks"],
+)
+def test_a_probe_of_other_options_names_each_with_both_values(extra, fragments, probed, tmp_path, capsys):
+    out = _probe_copy(probed, tmp_path)
+    before = snapshot(out)
+    refused(capsys, [*PROBE, *extra, "--out", str(out)], "holds a probe of other options", *fragments)
+    assert snapshot(out) == before
+
+
+def test_a_probe_file_without_its_inputs_cannot_resume_records(probed, tmp_path, capsys):
+    out = _probe_copy(probed, tmp_path)
+    saved = json.loads((out / "probe.json").read_text())
+    assert set(saved["inputs"]) == {"model"}
+    del saved["inputs"]
+    (out / "probe.json").write_text(json.dumps(saved))
+    refused(capsys, [*PROBE, "--out", str(out)], "records no fingerprint of model", "remove probe.jsonl")
+
+
+def test_record_files_are_plain_files_never_followed_or_waited_on(tmp_path):
+    from lola.io.records import drop_cut_record, open_record_file, read_record_file
+
+    precious = tmp_path / "precious.jsonl"
+    precious.write_text('{"mine": 1}\n{"cut')
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(precious)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with _within(30):  # a FIFO opened the blocking way would hang the test, not fail it
+        for use in (read_record_file, drop_cut_record, open_record_file):
+            with pytest.raises(ValueError, match=f"{link} is a symbolic link"):
+                use(link, "lola probe")
+            with pytest.raises(ValueError, match=f"{fifo} is a FIFO, not a record file; lola probe keeps its records only in a plain file"):
+                use(fifo, "lola probe")
+            with pytest.raises(ValueError, match="is a folder"):
+                use(tmp_path, "lola probe")
+    assert precious.read_text() == '{"mine": 1}\n{"cut'
+    assert read_record_file(tmp_path / "none.jsonl") is None
+    assert drop_cut_record(precious) and precious.read_text() == '{"mine": 1}\n'
+    twin = tmp_path / "twin.jsonl"
+    os.link(precious, twin)  # a hard link: appending to one must not write into the other
+    with open_record_file(twin) as log:
+        log.write('{"new": 2}\n')
+    assert precious.read_text() == '{"mine": 1}\n' and twin.read_text() == '{"mine": 1}\n{"new": 2}\n'
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_probe_whose_records_file_is_a_link_or_a_fifo_is_refused(kind, probed, tmp_path, capsys):
+    out = _probe_copy(probed, tmp_path)
+    precious = tmp_path / "precious.jsonl"
+    precious.write_text('{"mine": 1}\n')
+    (out / "probe.jsonl").unlink()
+    if kind == "link":
+        (out / "probe.jsonl").symlink_to(precious)
+    else:
+        os.mkfifo(out / "probe.jsonl")
+    with _within(60):
+        refused(capsys, [*PROBE, "--out", str(out)], str(out / "probe.jsonl"), "a symbolic link" if kind == "link" else "a FIFO", "another --out")
+    assert precious.read_text() == '{"mine": 1}\n'

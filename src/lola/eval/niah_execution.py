@@ -100,7 +100,8 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
     with run_lock(out, "lola niah"):  # one run per folder: a second is refused at once
         results_path = out / RESULTS_FILE
         reason = f"past the model's {max_positions} positions"
-        done = check_out_folder(out, run, model)  # again, under the lock: what a run before this one finished
+        # again, under the lock: what a run before this one finished, each record bound to this run's prompt
+        done = check_out_folder(out, run, model, prompts)
         records = list(done.values()) + [refused_record(m, n, reason) for m, n in refused]
         _write_results(results_path, run, records, effective, inputs)  # claims the folder; a resume keeps its summary
         samples_path = out / SAMPLES_FILE
@@ -142,17 +143,14 @@ def _generate_all(
 
     from lola.eval.niah import string_match_all
     from lola.integrations.transformers import LoLACache, apply_lola, remove_lola
-    from lola.io.outputs import check_held, check_target, write_files
-    from lola.io.records import append_record, drop_cut_record
+    from lola.io.outputs import check_held
+    from lola.io.records import append_record, drop_cut_record, open_record_file
 
     samples_path = Path(samples_path)
-    check_target(samples_path, writer="lola niah")  # appended to: never through a link
-    if samples_path.exists() and samples_path.stat().st_nlink > 1:
-        # A hard link (`cp -al` snapshot): appending would write into every copy. Rewritten
-        # atomically first, the file becomes this folder's own.
-        write_files(samples_path.parent, {samples_path.name: samples_path.read_bytes()}, writer="lola niah")
-    drop_cut_record(samples_path)  # a record a kill cut short: redone, not appended to
-    with open(samples_path, "a") as log:
+    drop_cut_record(samples_path, "lola niah")  # a record a kill cut short: redone, not appended to
+    # A plain file only (never through a link, never a FIFO); a hard link (`cp -al` snapshot) is
+    # first rewritten as this folder's own, so that appending does not write into every copy.
+    with open_record_file(samples_path, "lola niah") as log:
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
             if not mine:

@@ -14,7 +14,7 @@ from lola.config import validation_summary
 from lola.eval.niah_report import summarize, summarize_by_depth
 from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
 from lola.io.provenance import versions
-from lola.io.records import complete_lines
+from lola.io.records import complete_lines, read_record_file
 from lola.methods import method_name
 
 RESULTS_FORMAT = "lola-niah-results"
@@ -35,7 +35,13 @@ class SampleRecord(BaseModel):
     Types are strict (a score of ``"1"`` or ``true`` is not cast) and numbers finite and in
     range; with the run in the validation context (``{"run": NiahRun, "methods": names}``) the
     method must be one of the run's, the length one of its lengths and the index below its
-    samples, so that a record of another run is never summarised as this one's.
+    samples, so that a record of another run is never summarised as this one's. The score is
+    recomputed from the prediction and the answers (an edited score is refused). With this run's
+    prompts in the context too (``"prompts"``: :func:`~lola.eval.niah_execution.niah_prompts`) the
+    record is bound to the prompt the run builds for its (length, index): its answers, prompt
+    length and depth must be that prompt's, which refuses a record of another seed, haystack or
+    needle. Every field a run writes is required (a record stripped of its prediction and
+    answers cannot show its score).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -46,10 +52,11 @@ class SampleRecord(BaseModel):
     depth: Fraction
     score: Fraction
     cache_bytes: Count
-    # Optional (older records lack them), checked when present: `lola niah` averages tokens_per_second.
-    prompt_tokens: Count | None = None
-    answers: list[StrictStr] | None = None
-    prediction: StrictStr | None = None
+    # Required: they bind the record to its prompt and prove its score.
+    prompt_tokens: Count
+    answers: list[StrictStr]
+    prediction: StrictStr
+    # Optional, checked when present: `lola niah` averages tokens_per_second.
     seconds: Rate | None = None
     tokens_per_second: Rate | None = None
 
@@ -73,15 +80,40 @@ class SampleRecord(BaseModel):
             raise ValueError(
                 f"depth {self.depth} is not the depth of sample {self.index} of this run ({sample_depth(self.index, run.samples)} with {run.samples} samples)"
             )
-        if self.prediction is not None and self.answers is not None:
-            from lola.eval.niah import string_match_all
-
-            if not self.answers:
-                raise ValueError("answers is empty")
-            expected = string_match_all(self.prediction, self.answers)
-            if not math.isclose(self.score, expected, rel_tol=1e-9, abs_tol=1e-12):
-                raise ValueError(f"score {self.score} is not what its prediction scores against its answers ({expected})")
+        check_score(self.score, self.prediction, self.answers)
+        check_prompt(context.get("prompts"), self.length, self.index, self.answers, self.prompt_tokens, self.depth)
         return self
+
+
+def check_score(score: float, prediction: str, answers: list[str]) -> None:
+    """Refuse (``ValueError``) a recorded ``score`` other than what ``prediction`` scores against
+    ``answers`` with the run's scoring (:func:`lola.eval.niah.string_match_all`): an edited record."""
+    from lola.eval.niah import string_match_all
+
+    if not answers:
+        raise ValueError("answers is empty")
+    expected = string_match_all(prediction, answers)
+    if not math.isclose(score, expected, rel_tol=1e-9, abs_tol=1e-12):
+        raise ValueError(f"score {score} is not what its prediction scores against its answers ({expected})")
+
+
+def check_prompt(prompts: dict | None, length: int, index: int, answers: list[str], prompt_tokens: int | None, depth: float) -> None:
+    """Refuse (``ValueError``) a record whose answers, prompt length (when recorded) or depth are
+    not those of the prompt this run builds for ``(length, index)`` (``prompts``:
+    :func:`~lola.eval.niah_execution.niah_prompts`; nothing is checked without them): a record of
+    another seed, haystack or needle."""
+    if prompts is None:
+        return
+    sample = prompts.get((length, index))
+    if sample is None:
+        raise ValueError(f"sample {index} at length {length} is not one of this run's prompts")
+    where = f"this run's sample {index} at length {length}"
+    if list(answers) != list(sample.answers):
+        raise ValueError(f"answers {answers} are not those of {where} ({sample.answers}): a record of another seed, needle or task")
+    if prompt_tokens is not None and prompt_tokens != sample.length:
+        raise ValueError(f"prompt_tokens {prompt_tokens} is not the length of {where}'s prompt ({sample.length} tokens): a record of another prompt")
+    if not math.isclose(depth, sample.depth, rel_tol=1e-9, abs_tol=1e-12):
+        raise ValueError(f"depth {depth} is not the depth of {where} ({sample.depth})")
 
 
 def sample_depth(index: int, samples: int) -> float:
@@ -90,21 +122,23 @@ def sample_depth(index: int, samples: int) -> float:
     return (index + 0.5) / samples
 
 
-def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, int], dict]:
+def _load_done(path: Path, run: NiahRun | None = None, prompts: dict | None = None) -> dict[tuple[str, int, int], dict]:
     """The finished samples in ``samples.jsonl``, each line checked by :class:`SampleRecord`
-    (against ``run`` when given); a cut-short, foreign, out-of-range or repeated line is an
-    error naming the file and the line."""
+    (against ``run`` and its ``prompts`` when given); a cut-short, foreign, out-of-range, edited
+    or repeated line is an error naming the file and the line. The file must be a plain file
+    (:func:`lola.io.records.read_record_file`)."""
     from lola.errors import describe_validation
     from lola.io.outputs import _unique_keys
 
     done: dict[tuple[str, int, int], dict] = {}
-    if not path.exists():
+    data = read_record_file(path, "lola niah")
+    if data is None:
         return done
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path} is not a lola niah samples file: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    context = {"run": run, "methods": list(method_configs(run)) if run is not None else None}
+    context = {"run": run, "methods": list(method_configs(run)) if run is not None else None, "prompts": prompts}
     lines: dict[tuple[str, int, int], int] = {}
     # A last line without its newline was cut short by a kill: not a record (the run that
     # resumes drops it and redoes that sample, lola.io.records).
@@ -114,20 +148,22 @@ def _load_done(path: Path, run: NiahRun | None = None) -> dict[tuple[str, int, i
         try:
             rec = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {number} is not a JSON record ({err.msg}); delete that line and run again to redo that sample") from None
+            raise ValueError(
+                f"{path}: line {number} is not a JSON record ({err.msg}); delete that line and run again to redo that sample, or use another --out"
+            ) from None
         except ValueError as err:  # a key given twice: json would keep the last silently
-            raise ValueError(f"{path}: line {number} is not a lola niah sample ({err}); delete that line to redo that sample") from None
+            raise ValueError(f"{path}: line {number} is not a lola niah sample ({err}); delete that line to redo that sample, or use another --out") from None
         try:
             checked = SampleRecord.model_validate(rec, context=context)
         except ValidationError as err:
             raise ValueError(
-                f"{path}: line {number} is not a lola niah sample of this run ({describe_validation(err)}); delete that line to redo that sample"
+                f"{path}: line {number} is not a lola niah sample of this run ({describe_validation(err)}); delete that line to redo that sample, or use another --out"
             ) from None
         rec["method"] = checked.method  # today's name of a renamed method
         key = (rec["method"], rec["length"], rec["index"])
         if key in lines:  # two answers to one sample: neither can be trusted over the other
             raise ValueError(
-                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong"
+                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong, or use another --out"
             )
         lines[key] = number
         done[key] = rec
@@ -176,7 +212,7 @@ def _same_content_paths(saved: NiahRun, run: NiahRun, saved_inputs: Any, inputs:
     return saved.model_copy(update=same) if same else saved
 
 
-def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any = None) -> dict[tuple[str, int, int], dict]:
+def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any = None, prompts: dict | None = None) -> dict[tuple[str, int, int], dict]:
     """Check a results folder before any model work; returns the samples it already holds.
 
     Refused, with a message naming the file: a folder that cannot be written; a
@@ -185,7 +221,11 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
     than ``run`` (naming each option that differs, saved and requested); a ``samples.jsonl``
     line that :class:`SampleRecord` refuses for ``run`` (cut short, foreign, out of range, of
     another method, length or index) or that repeats a sample; with ``model`` (once loaded), a
-    saved run on other weights under the same ``--model`` name (:func:`run_inputs`).
+    saved run on other weights under the same ``--model`` name (:func:`run_inputs`); a
+    ``results.json`` that records no fingerprint of an input this run reads while samples exist
+    (it cannot show they were made on the same content); with ``prompts`` (this run's,
+    :func:`~lola.eval.niah_execution.niah_prompts`), a record of another prompt
+    (:func:`check_prompt`).
     """
     from lola.io.checksums import changed_inputs
     from lola.io.outputs import check_output_folder, check_target, read_json
@@ -225,6 +265,13 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
             saved_run = _same_content_paths(saved_run, run, data.get("inputs"), inputs)
             if saved_run != run:
                 raise ValueError(f"{out} holds a different run ({_run_changes(saved_run, run)}); resume with the same options or use another --out")
+            unproven = [k for k in inputs if k not in saved_inputs]
+            if unproven and _has_records(out / SAMPLES_FILE):
+                named = ", ".join(k if k == "model" or "." in k else "--" + k.replace("_", "-") for k in unproven)
+                raise ValueError(
+                    f"{results} records no fingerprint of {named} (its inputs were removed or never saved), so the samples in {SAMPLES_FILE} "
+                    f"cannot be shown to be of what this run reads; remove {SAMPLES_FILE} to redo them, or use another --out"
+                )
             changed = changed_inputs(data.get("inputs"), inputs)
             if changed:
                 option = "--" + changed[0].replace("_", "-") if "." not in changed[0] else changed[0]
@@ -242,7 +289,13 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
             raise ValueError(
                 f"{out} holds {', '.join(foreign)} but no lola {RESULTS_FILE}: not a lola niah results folder; move them away or use another --out"
             )
-    return _load_done(out / SAMPLES_FILE, run)
+    return _load_done(out / SAMPLES_FILE, run, prompts)
+
+
+def _has_records(path: Path) -> bool:
+    """Whether the record file ``path`` holds at least one complete line (a plain file only)."""
+    data = read_record_file(path, "lola niah")
+    return bool(data) and any(line.strip() for line in complete_lines(data.decode("utf-8", "replace")))
 
 
 def _write_results(path: Path, run: NiahRun, records: list[dict], configs: dict, inputs: dict[str, str]) -> None:

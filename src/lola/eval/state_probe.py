@@ -15,24 +15,39 @@ token. Per layer and head it records:
   exact tokens when the answer starts, which tells a needle that eviction lost from one that
   the state swamped.
 
-Records go to ``probe.jsonl`` one per (method, length, sample) as they finish (a rerun resumes),
-the per-layer means to ``probe.json``, and ``probe.png`` plots them.
+Records go to ``probe.jsonl`` one per (method, length, sample) as they finish (a rerun resumes,
+each record read back checked by :class:`ProbeRecord` against the run and its prompts), the
+per-layer means to ``probe.json`` (with the run and the fingerprints of its inputs), and
+``probe.png`` plots them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
-from pydantic import ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from lola.eval.niah_spec import NiahRun, check_budgets, method_configs
+from lola.eval.niah_spec import NiahRun, check_budgets, method_configs, run_inputs
 from lola.io.provenance import versions
-from lola.io.records import append_record, complete_lines, drop_cut_record
+from lola.io.records import append_record, complete_lines, drop_cut_record, open_record_file, read_record_file
 from lola.methods import method_name
 
 __all__ = ["PROBE_FILE", "RECORDS_FILE", "format_probe", "needle_positions", "probe_prompt", "run_probe", "summarize_probe"]
@@ -109,64 +124,188 @@ def probe_prompt(model: Any, tokenizer: Any, ids: torch.Tensor, value: str, new_
     return {"prediction": prediction, "needle_tokens": len(positions), "layers": {str(i): layers[i] for i in sorted(layers)}}
 
 
-def _read_records(path: Path) -> dict[tuple[str, int, int], dict]:
-    """The finished records of ``path`` by ``(method, length, index)``; a last line cut short by a
-    kill is dropped (its sample runs again), any other unreadable line is an error naming it."""
-    if not path.is_file():
+class ProbeLayer(BaseModel):
+    """What one layer of a probe record holds (:func:`probe_prompt`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    share: list[StrictFloat]
+    log_exact: list[StrictFloat | None]
+    log_linear: list[StrictFloat | None]
+    held: list[StrictBool]
+
+
+class ProbeRecord(BaseModel):
+    """One line of ``probe.jsonl``: the check of every record a resume reads back.
+
+    Strict types, every field a run writes required, the score in [0, 1] and recomputed from
+    the prediction against the answers; with the run in the validation context (``{"run":
+    NiahRun, "methods": probed names, "prompts": niah_prompts(...)}``) the method must be one the
+    run probes, the length one of its lengths, the index below its samples, and the record bound
+    to the prompt the run builds for its (length, index) (:func:`lola.eval.niah_records.check_prompt`:
+    its answers, prompt length and depth), so that a record of another run, seed or haystack, or
+    an edited one, is never summarised as this run's.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    method: StrictStr
+    length: StrictInt
+    index: Annotated[StrictInt, Field(ge=0)]
+    depth: Annotated[StrictFloat, Field(ge=0, le=1)]
+    score: Annotated[StrictFloat, Field(ge=0, le=1)]
+    prompt_tokens: Annotated[StrictInt, Field(ge=0)]
+    answers: list[StrictStr]
+    prediction: StrictStr
+    needle_tokens: Annotated[StrictInt, Field(ge=0)]
+    layers: dict[StrictStr, ProbeLayer]
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _todays_name(cls, method: object) -> object:
+        return method_name(method, warn=False) if isinstance(method, str) else method
+
+    @field_validator("layers")
+    @classmethod
+    def _layer_numbers(cls, layers: dict[str, ProbeLayer]) -> dict[str, ProbeLayer]:
+        for key, layer in layers.items():
+            if not key.isdigit():
+                raise ValueError(f"layer {key!r} is not a layer number")
+            if len(layer.share) != len(layer.log_exact) or len(layer.share) != len(layer.log_linear):
+                raise ValueError(f"layer {key} gives share, log_exact and log_linear for different numbers of heads")
+        return layers
+
+    @model_validator(mode="after")
+    def _of_this_run(self, info: ValidationInfo) -> "ProbeRecord":
+        from lola.eval.niah_records import check_prompt, check_score
+
+        context = info.context or {}
+        run, methods = context.get("run"), context.get("methods")
+        if methods is not None and self.method not in methods:
+            raise ValueError(f"method {self.method!r} is not one this run probes ({', '.join(methods)})")
+        if run is not None and self.length not in run.lengths:
+            raise ValueError(f"length {self.length} is not one of this run's lengths {run.lengths}")
+        if run is not None and self.index >= run.samples:
+            raise ValueError(f"index {self.index} is beyond this run's {run.samples} samples per length")
+        check_score(self.score, self.prediction, self.answers)
+        check_prompt(context.get("prompts"), self.length, self.index, self.answers, self.prompt_tokens, self.depth)
+        return self
+
+
+def _read_records(path: Path, run: NiahRun | None = None, methods: list[str] | None = None, prompts: dict | None = None) -> dict[tuple[str, int, int], dict]:
+    """The finished records of ``path`` by ``(method, length, index)``, each checked by
+    :class:`ProbeRecord` against ``run``, its probed ``methods`` and its ``prompts`` when given.
+    A last line cut short by a kill is dropped (its sample runs again); any other line that is
+    unreadable, refused or that repeats a sample is an error naming the file and the line(s).
+    The file must be a plain file (:func:`lola.io.records.read_record_file`)."""
+    from lola.errors import describe_validation
+    from lola.io.outputs import _unique_keys
+
+    data = read_record_file(path, "lola probe")
+    if data is None:
         return {}
-    out = {}
-    for number, line in enumerate(complete_lines(path.read_text()), 1):  # a last line cut short is no record
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path} is not a lola probe records file: not UTF-8 text ({err.reason} at byte {err.start}); remove it or choose another --out"
+        ) from None
+    context = {"run": run, "methods": methods, "prompts": prompts}
+    out: dict[tuple[str, int, int], dict] = {}
+    lines: dict[tuple[str, int, int], int] = {}
+    for number, line in enumerate(complete_lines(text), 1):  # a last line cut short is no record
+        if not line.strip():
+            continue
         try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}: line {number} is not a probe record; remove the folder or choose another --out") from None
-        r["method"] = method_name(r["method"], warn=False) if isinstance(r.get("method"), str) else r.get("method")
-        out[(r["method"], r["length"], r["index"])] = r
+            r = json.loads(line, object_pairs_hook=_unique_keys)
+        except (json.JSONDecodeError, ValueError) as err:
+            detail = err.msg if isinstance(err, json.JSONDecodeError) else str(err)
+            raise ValueError(f"{path}: line {number} is not a probe record ({detail}); delete that line to redo that sample, or choose another --out") from None
+        try:
+            checked = ProbeRecord.model_validate(r, context=context)
+        except ValidationError as err:
+            raise ValueError(
+                f"{path}: line {number} is not a probe record of this run ({describe_validation(err)}); delete that line to redo that sample, or choose another --out"
+            ) from None
+        r["method"] = checked.method  # today's name of a renamed method
+        key = (checked.method, checked.length, checked.index)
+        if key in lines:  # two answers to one sample: neither can be trusted over the other
+            raise ValueError(
+                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong, or choose another --out"
+            )
+        lines[key] = number
+        out[key] = r
     return out
 
 
-def _same_run(saved: object, run: NiahRun) -> bool:
-    """Whether ``saved`` (a probe file's ``run``) is ``run``, methods renamed since read by today's names."""
+def _run_differences(saved: object, run: NiahRun) -> str | None:
+    """``None`` when ``saved`` (a probe file's ``run``) is ``run`` (methods renamed since read by
+    today's names); otherwise every option that differs with both values (as ``lola niah`` names
+    them, :func:`lola.eval.niah_records._run_changes`)."""
+    from lola.config import validation_summary
+    from lola.eval.niah_records import _run_changes
+
     if not isinstance(saved, dict):
-        return False
+        return "no run recorded"
     if saved == json.loads(run.model_dump_json()):
-        return True
+        return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            return NiahRun(**saved) == run
-    except (ValidationError, TypeError):
-        return False
+            saved_run = NiahRun(**saved)
+    except (ValidationError, TypeError) as err:
+        detail = validation_summary(err) if isinstance(err, ValidationError) else str(err)
+        return f"a run this version of lola refuses: {detail}"
+    return None if saved_run == run else _run_changes(saved_run, run)
 
 
-def _claim(out: Path, run: NiahRun) -> None:
-    """Refuse a folder that holds another run's probe; write this run's (empty) summary."""
+def _check_claim(out: Path, run: NiahRun, inputs: dict[str, str]) -> None:
+    """Refuse a folder that holds another run's probe (naming each option that differs, or the
+    input whose content changed), or records whose run or inputs no probe file names."""
+    from lola.io.checksums import changed_inputs
     from lola.io.figures import check_figures
-    from lola.io.outputs import read_json, write_files
+    from lola.io.outputs import read_json
 
     check_figures(out, [PLOT_FILE], PROBE_FILE, "lola probe")  # someone's probe.png: refused before any work
 
     path = out / PROBE_FILE
+    records = out / RECORDS_FILE
     if path.is_file():
         saved = read_json(path, "a lola probe file")
         if not isinstance(saved, dict) or saved.get("format") != PROBE_FORMAT:
             raise ValueError(f"{path} is not a lola probe file; choose another --out")
-        if not _same_run(saved.get("run"), run):
-            raise ValueError(f"{out} holds a probe of other options; rerun with the same options to resume, or choose another --out")
-    elif (out / RECORDS_FILE).exists() or (out / RECORDS_FILE).is_symlink():
+        differences = _run_differences(saved.get("run"), run)
+        if differences is not None:
+            raise ValueError(f"{out} holds a probe of other options ({differences}); rerun with the same options to resume, or choose another --out")
+        saved_inputs = saved.get("inputs")
+        has_records = bool((read_record_file(records, "lola probe") or b"").strip())
+        unproven = [k for k in inputs if not isinstance(saved_inputs, dict) or k not in saved_inputs]
+        if unproven and has_records:
+            named = ", ".join(k if k == "model" or "." in k else "--" + k.replace("_", "-") for k in unproven)
+            raise ValueError(
+                f"{path} records no fingerprint of {named}, so the records in {RECORDS_FILE} cannot be shown to be of what this run reads; "
+                f"remove {RECORDS_FILE} to redo them, or choose another --out"
+            )
+        changed = changed_inputs(saved_inputs, inputs)
+        if changed:
+            name = changed[0] if changed[0] == "model" or "." in changed[0] else "--" + changed[0].replace("_", "-")
+            raise ValueError(f"{out} holds a probe on other content: {name} changed since it started; restore it or choose another --out")
+    elif os.path.lexists(records):
         # Records with no probe.json naming their run: another run's, or written by hand, would
         # be reported as this run's.
-        raise ValueError(f"{out / RECORDS_FILE} has no {PROBE_FILE} beside it naming the run it belongs to: move it away or choose another --out")
+        raise ValueError(f"{records} has no {PROBE_FILE} beside it naming the run it belongs to: move it away or choose another --out")
+
+
+def _write_probe(out: Path, run: NiahRun, inputs: dict[str, str], records: list[dict]) -> dict:
+    """Write ``probe.json`` (the run, its inputs' fingerprints, versions, the summary of ``records``); returns the summary."""
+    from lola.io.outputs import write_files
+
+    summary = summarize_probe(records)
     body = json.dumps(
-        {
-            "format": PROBE_FORMAT,
-            "run": json.loads(run.model_dump_json()),
-            "versions": versions(),
-            "summary": summarize_probe(list(_read_records(out / RECORDS_FILE).values())),
-        },
-        indent=1,
+        {"format": PROBE_FORMAT, "run": json.loads(run.model_dump_json()), "inputs": inputs, "versions": versions(), "summary": summary}, indent=1
     )
     write_files(out, {PROBE_FILE: body + "\n"}, writer="lola probe")
+    return summary
 
 
 def run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, progress: bool = True) -> list[dict]:
@@ -185,7 +324,7 @@ def _run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pr
     from lola.eval.niah import string_match_all
     from lola.eval.niah_execution import niah_prompts
     from lola.integrations.transformers import apply_lola, remove_lola
-    from lola.io.outputs import check_held, write_files
+    from lola.io.outputs import check_held
 
     maps = None
     if run.feature_maps is not None:
@@ -199,15 +338,17 @@ def _run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pr
         raise ValueError(f"methods {run.methods} hold no linear state to probe: add hybrid or lola")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _claim(out, run)
+    inputs = run_inputs(run, model)  # before LoLA changes the model
+    _check_claim(out, run, inputs)
     records_path = out / RECORDS_FILE
-    done = _read_records(records_path)
     prompts = niah_prompts(run, tokenizer)
-    todo = [(m, n, i) for m in configs for (n, i) in prompts if (m, n, i) not in done]
+    done = _read_records(records_path, run, list(configs), prompts)  # every record checked against this run's prompts
     records = list(done.values())
+    _write_probe(out, run, inputs, records)  # claims the folder
+    todo = [(m, n, i) for m in configs for (n, i) in prompts if (m, n, i) not in done]
     bar = tqdm(total=len(configs) * len(prompts), initial=len(records), desc="probe", disable=not progress)
-    drop_cut_record(records_path)  # a record a kill cut short: redone, not appended to
-    with open(records_path, "a") as log:
+    drop_cut_record(records_path, "lola probe")  # a record a kill cut short: redone, not appended to
+    with open_record_file(records_path, "lola probe") as log:  # a plain file only: never through a link, never a FIFO
         for method, cfg in configs.items():
             mine = [(n, i) for (m, n, i) in todo if m == method]
             if not mine:
@@ -222,6 +363,8 @@ def _run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pr
                         "length": n,
                         "index": i,
                         "depth": sample.depth,
+                        "prompt_tokens": sample.length,
+                        "answers": list(sample.answers),
                         "score": string_match_all(rec["prediction"], sample.answers),
                         **rec,
                     }
@@ -232,9 +375,7 @@ def _run_probe(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, pr
             finally:
                 remove_lola(model)
     bar.close()
-    summary = summarize_probe(records)
-    body = json.dumps({"format": PROBE_FORMAT, "run": json.loads(run.model_dump_json()), "versions": versions(), "summary": summary}, indent=1) + "\n"
-    write_files(out, {PROBE_FILE: body}, writer="lola probe")
+    summary = _write_probe(out, run, inputs, records)
     plot_probe(summary, out)
     return records
 

@@ -228,7 +228,7 @@ class LoLAConfig(BaseModel):
             if self.mixing == "softmax_only"
             else None,
             "chunk": f"chunk={self.chunk} sets the steps of the chunkwise schedule: chunk does nothing under the {self.schedule} schedule"
-            if self.schedule == "tokenwise"
+            if self.schedule == "tokenwise" and self.chunk != 1  # chunk=1 says what tokenwise does
             else None,
         }
         if not any(sparse):

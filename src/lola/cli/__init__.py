@@ -447,12 +447,12 @@ def _perplexity(args: argparse.Namespace) -> int:
 
     given = given_fields(args, PERPLEXITY_FIELDS)
     run = PerplexityRun(**given)
-    check_options(given, run, PERPLEXITY_SCOPES)
     _check_text_sources(run.text)
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
         read_feature_maps(run.feature_maps)
+    check_options(given, run, PERPLEXITY_SCOPES)  # after the inputs: a damaged one is named first
     if args.out:
         check_output_file(args.out, ours=_is_perplexity_results, writer="lola perplexity")
     from lola import models

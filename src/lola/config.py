@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lola.core.mixing import MIXING_NAMES
 from lola.errors import short_repr
@@ -199,6 +199,48 @@ class LoLAConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _set_fields_act(self, info: ValidationInfo) -> "LoLAConfig":
+        # A field the caller set (to other than its default) that the rest of the config makes
+        # do nothing is refused, naming it and what it would act on. Fields left unset keep
+        # their defaults quietly, and so do the configs of one layer (for_layer).
+        if info.context and info.context.get("layer") is not None:
+            return self
+        given = {f for f in self.model_fields_set if getattr(self, f) != type(self).model_fields[f].get_default(call_default_factory=True)}
+        mixing_set = "mixing" in self.model_fields_set
+        sparse = [self.sparse_size, *(self.sparse_size_per_head or [])]
+        sparse += [
+            v
+            for o in self.layer_overrides.values()
+            for k in ("sparse_size", "sparse_size_per_head")
+            for v in ([o[k]] if k in o and not isinstance(o[k], list) else o.get(k) or [])
+        ]
+        idle = {
+            "feature_dim": f"feature_dim={self.feature_dim} sizes the hedgehog map only: feature_dim does nothing with {self.feature_map} (its size is the head's)"
+            if self.feature_map == "hedgehog_identity"
+            else None,
+            # Unset, the rule is decided when trained maps load (lola.pretrained.resolve): a cap may act then.
+            "linear_share_cap": f"linear_share_cap={self.linear_share_cap} caps the linear state's share of each output, and under mixing='softmax_only' "
+            "the state has no share: the cap does nothing when the state has no share"
+            if mixing_set and self.mixing == "softmax_only"
+            else None,
+            "window_factor_init": f"window_factor_init={self.window_factor_init} starts the window factor that weighs the exact and linear terms, "
+            "and under mixing='softmax_only' the window factor is never read"
+            if self.mixing == "softmax_only"
+            else None,
+            "chunk": f"chunk={self.chunk} sets the steps of the chunkwise schedule: chunk does nothing under the {self.schedule} schedule"
+            if self.schedule == "tokenwise" and self.chunk != 1  # chunk=1 says what tokenwise does
+            else None,
+        }
+        if not any(sparse):
+            scored = f"policy {self.policy!r}" + (f" with policy_kwargs {short_repr(self.policy_kwargs)}" if self.policy_kwargs else "")
+            why = f"{scored} scores the sparse cache, and sparse_size is 0: a policy with options scores no sparse cache"
+            idle["policy_kwargs"] = idle["policy"] = why
+        found = [why for field, why in idle.items() if why is not None and field in given]
+        if found:
+            raise ValueError(f"{found[0]}; leave it unset")
+        return self
+
+    @model_validator(mode="after")
     def _cap_from_needs_a_cap(self) -> "LoLAConfig":
         if self.linear_share_cap_from and self.linear_share_cap is None:
             raise ValueError(
@@ -256,7 +298,7 @@ class LoLAConfig(BaseModel):
     def for_layer(self, index: int) -> "LoLAConfig":
         """The configuration of layer ``index``: this one with its ``layer_overrides`` applied."""
         base = self.model_dump(exclude=_MODEL_LEVEL_FIELDS)
-        return LoLAConfig(**{**base, **self.layer_overrides.get(index, {})})
+        return LoLAConfig.model_validate({**base, **self.layer_overrides.get(index, {})}, context={"layer": index})
 
     @field_validator("policy")
     @classmethod

@@ -15,13 +15,25 @@ The one mechanism behind every message a user reads (docs/design.md, "Hostile in
 
 from __future__ import annotations
 
+import re
 import reprlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["USER_ERRORS", "InputError", "UnknownName", "about", "describe", "describe_validation", "option_name", "report", "short_repr"]
+__all__ = [
+    "USER_ERRORS",
+    "InputError",
+    "UnknownName",
+    "about",
+    "describe",
+    "describe_validation",
+    "name_options",
+    "option_name",
+    "report",
+    "short_repr",
+]
 
 # What bad input raises. pydantic's ValidationError is a ValueError. A plain KeyError is not
 # here: a lookup of user input raises UnknownName, so a bare KeyError is a bug.
@@ -99,6 +111,35 @@ def option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def name_options(text: str, options: Mapping[str, str]) -> str:
+    """``text`` (a message a command's run spec or config raised) with the fields it names
+    written as the command's options: ``options`` maps a field (an argparse dest) to its option
+    string (``{"exact_distance": "--exact-distance"}``).
+
+    A field is translated where it is certainly one: a name with an underscore
+    (``exact_distance``), a name followed by its value (``positions='bounded'`` →
+    ``--positions bounded``), or a name that opens the message before its value or a colon
+    (``methods ['full']``, ``budgets: …``). Plain words elsewhere (``the window``), parts of
+    paths, file names and quoted names are left as they are.
+    """
+    if not options:
+        return text
+    names = "|".join(sorted(map(re.escape, options), key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w./'\"`-])({names})(?:=('[^']*'|\"[^\"]*\"|[^\s,;:)]+))?(?![\w/-]|\.\w)")
+
+    def swap(match: re.Match) -> str:
+        field, value = match.group(1), match.group(2)
+        option = options[field]
+        if value is not None:
+            return f"{option} {value.strip(chr(39) + chr(34))}"
+        if text.startswith(" (--", match.end()):  # named both ways already: `length (--length)`
+            return field
+        opens = match.start() == 0 and re.match(r"(:|\s['\"\[\d-])", text[match.end() : match.end() + 2])
+        return option if "_" in field or opens else field
+
+    return pattern.sub(swap, text)
+
+
 def describe(err: BaseException, name: Callable[[str], str] | None = None) -> str:
     """``err`` as one line: a ``ValidationError`` names its fields (through ``name``, see
     :func:`describe_validation`), a ``KeyError`` shows its sentence without quotes; newlines
@@ -138,7 +179,9 @@ def about(input: str) -> Iterator[None]:
         raise InputError(input, text) from err
 
 
-def report(prog: str, err: BaseException, debug: bool = False, name: Callable[[str], str] | None = option_name) -> int:
+def report(
+    prog: str, err: BaseException, debug: bool = False, name: Callable[[str], str] | None = option_name, options: Mapping[str, str] | None = None
+) -> int:
     """The boundary of a command: a user error printed as one line ``PROG: error: MESSAGE`` on
     stderr, returning exit status 2.
 
@@ -147,10 +190,19 @@ def report(prog: str, err: BaseException, debug: bool = False, name: Callable[[s
     allocated, naming its sizes) are printed the same way with a pointer to ``--debug``.
     Anything else (a bare ``KeyError``, ``AttributeError``…) is a bug: re-raised with its
     traceback, as is every error when ``debug`` is set. A ``ValidationError`` here comes from a
-    command's options: its fields are named by ``name`` (default :func:`option_name`).
+    command's options: its fields are named by ``name`` (default :func:`option_name`). With
+    ``options`` (the command's fields → option strings), the fields a message names are written
+    as the options that set them (:func:`name_options`); an :class:`InputError` already names its
+    input, which is translated alone when it is a field.
     """
     if debug or not isinstance(err, (*USER_ERRORS, RuntimeError, MemoryError)):
         raise err
     more = "" if isinstance(err, USER_ERRORS) else " (run with --debug for the traceback)"
-    print(f"{prog}: error: {describe(err, name)}{more}", file=sys.stderr)
+    text = describe(err, name)
+    if options and isinstance(err, InputError):
+        if err.input in options:
+            text = options[err.input] + text[len(err.input) :]
+    elif options and isinstance(err, (ValueError, TypeError)):
+        text = name_options(text, options)
+    print(f"{prog}: error: {text}{more}", file=sys.stderr)
     return 2

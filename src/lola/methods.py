@@ -18,15 +18,23 @@ it was trained).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict, StrictInt
 
 from lola.config import LoLAConfig
+from lola.errors import option_name
 from lola.limits import MAX_TOKENS
 
 __all__ = [
+    "NIAH_SCOPES",
+    "NOT_FULL",
+    "OptionScope",
+    "PERPLEXITY_SCOPES",
+    "check_lola_options",
+    "check_options",
     "ExactDistanceOption",
     "METHODS",
     "POSITION_OPTIONS",
@@ -187,24 +195,108 @@ def linear_state_options(run: Any) -> dict[str, Any]:
     return {k: v for k in LINEAR_STATE_OPTIONS if (v := getattr(run, k)) is not None}
 
 
-LOLA_ONLY_OPTIONS = ("policies", "linear_decay", "linear_share_cap", "linear_share_cap_from", "fold_repeats", "fold_copies")
-"""Options of an evaluation run that set the lola method alone (the other methods have no
-sparse cache to score, and full attention and the window no linear state)."""
+NOT_FULL = ("window", "hybrid", "lola")
+"""Every method with a LoLA config: full attention is the stock model's."""
 
 
-def check_lola_options(given: Mapping[str, Any], methods: list[str] | tuple[str, ...]) -> None:
-    """Refuse options of the lola method given for a run without it: they would do nothing.
+@dataclass(frozen=True)
+class OptionScope:
+    """Where an option of a run acts, so that one that would do nothing is refused.
+
+    Attributes:
+        methods: the methods it sets (empty: the run as a whole).
+        idle: given the run, why the option does nothing although a method it sets runs
+            (``None``: it acts).
+        neutral: values that ask for nothing (``--feature-maps none``): accepted with any methods.
+    """
+
+    methods: tuple[str, ...] = ()
+    idle: Callable[[Any], str | None] | None = None
+    neutral: tuple[Any, ...] = ()
+
+
+def _methods_text(methods: tuple[str, ...]) -> str:
+    if tuple(methods) == NOT_FULL:
+        return "every method but full"
+    if len(methods) == 1:
+        return f"the {methods[0]} method"
+    return "the " + " and ".join(methods) + " methods"
+
+
+def _fold_repeats_idle(run: Any) -> str | None:
+    from lola.eval.niah_spec import FOLDED_POLICIES
+
+    if not any(p in FOLDED_POLICIES for p in run.policies):
+        return f"repeats are folded under the {', '.join(FOLDED_POLICIES)} policy only, and --policies is {list(run.policies)}"
+    return None
+
+
+def _fold_copies_idle(run: Any) -> str | None:
+    if not run.fold_repeats:
+        return "it counts the copies that fold a repeat, and repeats are not folded (--fold-repeats is 0)"
+    return _fold_repeats_idle(run)
+
+
+_LOLA = ("lola",)
+NIAH_SCOPES: dict[str, OptionScope] = {
+    **dict.fromkeys(("policies", "linear_decay", "linear_share_cap", "linear_share_cap_from"), OptionScope(_LOLA)),
+    "fold_repeats": OptionScope(_LOLA, _fold_repeats_idle),
+    "fold_copies": OptionScope(_LOLA, _fold_copies_idle),
+    "budgets": OptionScope(_LOLA, neutral=("auto",)),
+    # the window and hybrid methods keep window + sparse_size tokens in their window
+    **dict.fromkeys(("window", "sparse_size", "sinks", "chunk", "gqa_storage", *POSITION_OPTIONS), OptionScope(NOT_FULL)),
+    "feature_maps": OptionScope(NOT_FULL, neutral=("none", "auto", None)),
+    "mixing": OptionScope(("hybrid", "lola")),  # the window method reads its exact tokens alone
+}
+"""``lola niah``'s and ``lola probe``'s options (:class:`~lola.eval.runner.NiahRun` fields) that set some methods only."""
+
+PERPLEXITY_SCOPES: dict[str, OptionScope] = {
+    # the hybrid keeps its window alone here (hybrid_window="window"): the sparse cache is lola's
+    **dict.fromkeys(("policy", "linear_decay", "linear_share_cap", "linear_share_cap_from", "sparse_size"), OptionScope(_LOLA)),
+    "budgets": OptionScope(_LOLA, neutral=("uniform",)),
+    **dict.fromkeys(("window", "sinks", "chunk", "mixing", *POSITION_OPTIONS), OptionScope(("hybrid", "lola"))),
+    "feature_maps": OptionScope(("hybrid", "lola"), neutral=("none", None)),
+    "generate_windows": OptionScope(idle=lambda run: None if run.generate else "it sets the windows continued for the repetition check, and --generate is 0"),
+}
+"""``lola perplexity``'s options (:class:`~lola.eval.perplexity.PerplexityRun` fields) that set some methods only."""
+
+
+def check_options(given: Mapping[str, Any], run: Any, scopes: Mapping[str, OptionScope], name: Callable[[str], str] = option_name) -> None:
+    """Refuse options ``given`` for ``run`` that would do nothing: one that sets none of the
+    methods the run evaluates, or whose :attr:`OptionScope.idle` says why it does nothing there.
 
     Args:
         given: the options the user gave (command line or config file), by field name.
-        methods: the methods the run evaluates.
+        run: the run they built (its ``methods`` and settings).
+        scopes: where each option acts (:data:`NIAH_SCOPES`, :data:`PERPLEXITY_SCOPES`).
+        name: how a field is named to the user (default: its option).
 
     Raises:
-        ValueError: naming the options and the methods.
+        ValueError: one line naming the options and the methods they set (or why they are idle).
     """
-    found = ["--" + field.replace("_", "-") for field in LOLA_ONLY_OPTIONS if given.get(field) is not None]
-    if found and "lola" not in methods:
+    methods = list(run.methods)
+    unused: dict[tuple[str, ...], list[str]] = {}
+    for field, scope in scopes.items():
+        value = given.get(field)
+        if value is None or value in scope.neutral:
+            continue
+        if scope.methods and not set(scope.methods) & set(methods):
+            unused.setdefault(scope.methods, []).append(name(field))
+        elif scope.idle is not None and (why := scope.idle(run)) is not None:
+            raise ValueError(f"{name(field)} would do nothing: {why}; drop it")
+    for sets, found in unused.items():
+        one = len(found) == 1
+        add = sets[0] if len(sets) == 1 else "one of " + ", ".join(sets)
         raise ValueError(
-            f"{', '.join(found)} {'sets' if len(found) == 1 else 'set'} the lola method, which is not among the methods {list(methods)}: "
-            f"add lola to --methods or drop {'it' if len(found) == 1 else 'them'}"
+            f"{', '.join(found)} {'sets' if one else 'set'} {_methods_text(sets)}, {'which is not' if len(sets) == 1 else 'none of which is'} "
+            f"among the methods {methods}: add {add} to --methods or drop {'it' if one else 'them'}"
         )
+
+
+def check_lola_options(given: Mapping[str, Any], methods: list[str] | tuple[str, ...]) -> None:
+    """Refuse options of the lola method given for a run without it (:func:`check_options` with
+    the lola method's options of :data:`NIAH_SCOPES` alone)."""
+    from types import SimpleNamespace
+
+    lola_only = {f: OptionScope(_LOLA) for f, s in NIAH_SCOPES.items() if s.methods == _LOLA and f != "budgets"}
+    check_options(given, SimpleNamespace(methods=list(methods)), lola_only)

@@ -248,7 +248,7 @@ def test_the_learned_policy_gets_the_models_shipped_scorer(monkeypatch):
     variant = method_configs(run)["lola-v"]
     assert variant.policy_kwargs == {"scorer": "some/model"} and variant.linear_decay == 0.5
     # the run's linear-state options reach the lola method and its variants, unless a variant sets its own
-    run = run.model_copy(update={"linear_decay": 0.9, "linear_share_cap": 0.1})
+    run = run.model_copy(update={"linear_decay": 0.9, "linear_share_cap": 0.1, "mixing": "lola_authors"})
     cfgs = method_configs(run)
     assert (cfgs["lola-sre"].linear_decay, cfgs["lola-sre"].linear_share_cap) == (0.9, 0.1)
     assert (cfgs["lola-v"].linear_decay, cfgs["lola-v"].linear_share_cap) == (0.5, 0.1)

@@ -178,7 +178,7 @@ def test_niah_names_a_bad_template_before_the_model_loads(option, template, frag
     argv = [*WINDOW_NIAH, "--out", str(tmp_path / "r")] + [x for kv in given.items() for x in kv]
     assert main(argv) == 2
     line = one_line(capsys.readouterr().err, "lola niah")
-    assert option[2:].replace("-", "_") in line and fragment in line, line
+    assert (option in line or option[2:].replace("-", "_") in line) and fragment in line, line
     assert not (tmp_path / "r").exists()
 
 
@@ -402,3 +402,56 @@ def test_every_option_given_a_bad_value_is_refused_naming_it(command, flag, bad,
     assert line.startswith((f"lola {command}: error: ", "lola: error: ")) or "usage" in err, err
     named = (flag, flag[2:], flag[2:].replace("-", "_"), bad)
     assert any(n in line for n in named), line
+
+
+# -- a run spec's or config's message names the command's options, not the fields they set -----------
+
+_LOLA_NIAH = [*WINDOW_NIAH[:-1], "lola", "--max-new-tokens", "1", "--window", "8", "--sparse-size", "8"]
+_PPL_LOLA = ["perplexity", "--model", "tiny-random-llama", "--lengths", "64", "--windows", "1", "--generate", "0", "--methods", "lola"]
+
+FIELDS_AS_OPTIONS = [
+    ([*_LOLA_NIAH, "--linear-share-cap-from", "64"], ["--linear-share-cap-from 64", "--linear-share-cap is None"]),
+    ([*_PPL_LOLA, "--exact-distance", "512"], ["--exact-distance bound", "--positions bounded"]),
+    ([*_LOLA_NIAH, "--state-positions", "512"], ["--state-positions bound", "--positions bounded"]),
+    ([*_LOLA_NIAH, "--positions", "bounded", "--exact-distance", "4"], ["--exact-distance 4 is shorter than the window"]),
+    (
+        ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "hybrid", "--exact-distance", "512"],
+        ["--exact-distance bound"],
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, fragments", FIELDS_AS_OPTIONS, ids=[" ".join(a[:1] + a[-2:]) for a, _ in FIELDS_AS_OPTIONS])
+def test_a_run_specs_message_names_the_option_not_the_field(argv, fragments, tmp_path, capsys, no_model):
+    line = refused(capsys, [*argv, "--out", str(tmp_path / "out")], *fragments)
+    assert "_" not in line.split("error:", 1)[1].split("/")[0], line  # no field name (paths aside)
+
+
+def test_sweep_budget_without_room_names_budgets(tmp_path, capsys):
+    # refused once the model is loaded (the tiny model is cheap)
+    argv = ["sweep", "--model", "tiny-random-llama", "--lengths", "400", "--budgets", "1/400", "--haystacks", "noise", "--samples", "1"]
+    refused(capsys, [*argv, "--out", str(tmp_path / "s")], "--budgets: 1/400")
+
+
+def test_probe_without_a_state_names_methods(tmp_path, capsys):
+    # refused once the model is loaded (the tiny model is cheap): the line names --methods
+    argv = ["probe", "--model", "tiny-random-llama", "--lengths", "400", "--samples", "1", "--methods", "full", "window", "--max-new-tokens", "1"]
+    refused(capsys, [*argv, "--out", str(tmp_path / "p")], "--methods ['full', 'window'] hold no linear state")
+
+
+def test_name_options_leaves_words_paths_and_named_options_alone():
+    from lola.errors import name_options
+
+    options = {"window": "--window", "feature_maps": "--feature-maps", "length": "--length", "positions": "--positions"}
+    text = "the window of /a/feature_maps/b (feature_maps.safetensors), length (--length) 5, positions='bounded'"
+    assert name_options(text, options) == "the window of /a/feature_maps/b (feature_maps.safetensors), length (--length) 5, --positions bounded"
+
+
+def test_lm_eval_config_file_error_is_one_line_naming_the_file(tmp_path):
+    from lola.integrations.lm_eval.model import lola_config_from_args
+
+    path = tmp_path / "c.yaml"
+    path.write_text("window: 8\nexact_distance: 512\n")
+    with pytest.raises(ValueError) as err:
+        lola_config_from_args(str(path))
+    assert str(path) in str(err.value) and "exact_distance" in str(err.value) and "\n" not in str(err.value)

@@ -584,7 +584,7 @@ def test_stage1_chunks_beyond_the_positions_are_refused(tokens, tmp_path):
     from lola.linearize import LinearizeConfig, linearize
 
     model, tok = _short_model()
-    cfg = LinearizeConfig(steps=1, chunk_tokens=tokens, train_chunks=1, eval_chunks=1, window=8, feature_dim=8, text=["pydoc"], device="cpu")
+    cfg = LinearizeConfig(steps=1, chunk_tokens=tokens, train_chunks=1, eval_chunks=1, window=8, text=["pydoc"], device="cpu")
     with pytest.raises(ValueError, match=rf"chunk_tokens \(--chunk-tokens\) {tokens} is longer than the model's 64 positions"):
         linearize(model, tok, cfg, tmp_path / "lin", progress=False, log=lambda s: None)
     assert not (tmp_path / "lin").exists()  # refused before anything was written

@@ -765,3 +765,29 @@ def test_budgets_applied_through_the_api_for_another_model_are_refused():
     cfg = shipped.apply(lola.LoLAConfig())  # without the model: apply_lola refuses layers it does not have
     with pytest.raises(ValueError, match=r"layer_overrides for layers \[.*\] out of range"):
         lola.apply_lola(model, cfg)
+
+
+# -- LoLAConfig fields set to no effect: refused, only when the caller set them ----------------------
+
+SET_TO_NO_EFFECT = [
+    (dict(feature_map="hedgehog_identity", feature_dim=32), "feature_dim does nothing with hedgehog_identity"),
+    (dict(mixing="softmax_only", linear_share_cap=0.5), "the cap does nothing when the state has no share"),
+    (dict(window_factor_init=0.0), "the window factor is never read"),
+    (dict(schedule="tokenwise", chunk=16), "chunk does nothing under the tokenwise schedule"),
+    (dict(sparse_size=0, policy="random", policy_kwargs={"seed": 3}), "scores no sparse cache"),
+]
+
+
+@pytest.mark.parametrize("fields, fragment", SET_TO_NO_EFFECT, ids=[",".join(f) for f, _ in SET_TO_NO_EFFECT])
+def test_a_config_field_set_to_no_effect_is_refused(fields, fragment):
+    with pytest.raises(ValidationError, match=re.escape(fragment)):
+        lola.LoLAConfig(**fields)
+
+
+def test_fields_left_unset_or_at_their_defaults_are_accepted():
+    lola.LoLAConfig(schedule="tokenwise")  # chunk left at its default
+    lola.LoLAConfig(sparse_size=0)  # the policy left unset
+    lola.LoLAConfig(linear_share_cap=0.5)  # the rule left unset: trained maps decide it when loaded
+    lola.LoLAConfig(mixing="lola_authors", linear_share_cap=0.5, window_factor_init=0.0)
+    cfg = lola.LoLAConfig(policy="recency", layer_overrides={0: {"sparse_size": 0}})
+    assert cfg.for_layer(0).sparse_size == 0  # one layer's config keeps the model's fields quietly

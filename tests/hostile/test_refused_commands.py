@@ -349,6 +349,26 @@ NOTHING_DONE = [
     (["niah", "--model", "tiny-random-llama", "--methods", "hybrid", "--policies", "sre"], ["--policies", "lola method"]),
     (["niah", "--model", "tiny-random-llama", "--methods", "full", "--fold-repeats", "0.9", "--fold-copies", "2"], ["--fold-repeats, --fold-copies"]),
     (["perplexity", "--model", "tiny-random-llama", "--methods", "full", "hybrid", "--linear-share-cap", "0.5"], ["--linear-share-cap", "lola method"]),
+    # every option that sets some methods only (lola.methods.NIAH_SCOPES, PERPLEXITY_SCOPES), and the run's own
+    ([*FULL_NIAH, "--positions", "bounded"], ["--positions", "every method but full", "['full']"]),
+    ([*FULL_NIAH, "--exact-distance", "512"], ["--exact-distance", "every method but full"]),
+    ([*FULL_NIAH, "--window", "16"], ["--window", "every method but full"]),
+    ([*FULL_NIAH, "--sinks", "2"], ["--sinks", "every method but full"]),
+    ([*WINDOW_NIAH, "--budgets", "uniform"], ["--budgets", "lola method", "['window']"]),
+    ([*WINDOW_NIAH, "--mixing", "lolcats"], ["--mixing", "hybrid and lola methods"]),
+    ([*WINDOW_NIAH[:-1], "lola", "--policies", "sre", "--fold-repeats", "0.9"], ["--fold-repeats would do nothing", "learned policy only"]),
+    ([*WINDOW_NIAH[:-1], "lola", "--fold-copies", "2"], ["--fold-copies would do nothing", "--fold-repeats is 0"]),
+    ([*WINDOW_NIAH[:-1], "lola", "--linear-share-cap", "0.5"], ["--linear-share-cap 0.5", "--mixing softmax_only", "no share"]),
+    ([*PPL[:-1], "full", "hybrid", "--policy", "recency"], ["--policy", "lola method", "['full', 'hybrid']"]),
+    ([*PPL[:-1], "full", "hybrid", "--sparse-size", "32"], ["--sparse-size", "lola method"]),
+    ([*PPL[:-1], "full", "hybrid", "--budgets", "auto"], ["--budgets", "lola method"]),
+    ([*PPL, "--generate-windows", "3"], ["--generate-windows would do nothing", "--generate is 0"]),
+    ([*PPL, "--positions", "bounded"], ["--positions", "hybrid and lola methods", "['full']"]),
+    ([*PPL, "--exact-distance", "512"], ["--exact-distance", "hybrid and lola methods"]),
+    ([*FIT, "--target", "kvzip", "--min-distance", "8", "--min-future", "16"], ["--min-distance and --min-future", "future target only", "--target kvzip"]),
+    ([*LIN, "--feature-map", "hedgehog_identity", "--feature-dim", "32"], ["--feature-dim 32", "hedgehog_identity"]),
+    (["linearize", "--quick", "--from-lora"], ["--from-lora", "--feature-maps", "none is given"]),
+    ([*SWEEP[:-6], "--budgets", "1/4", "2/8", *SWEEP[-4:]], ["--budgets", "1/4 and 2/8 are one budget written twice"]),
 ]
 
 
@@ -357,6 +377,16 @@ def test_an_option_that_affects_nothing_selected_is_refused(argv, fragments, tmp
     argv = [*argv, "--out", str(tmp_path / "out")] if argv[0] != "perplexity" else argv
     refused(capsys, argv, *fragments)
     assert not (tmp_path / "out").exists()
+
+
+def test_maps_or_a_config_key_for_methods_that_do_not_run_are_refused(tmp_path, capsys):
+    maps = write_random_maps(tmp_path / "maps")
+    refused(capsys, [*FULL_NIAH, "--feature-maps", str(maps), "--out", str(tmp_path / "r")], "--feature-maps", "every method but full")
+    config = tmp_path / "opts.yaml"
+    config.write_text("gqa_storage: query_head\n")
+    # a key of the file is named as the file's, not as an option
+    refused(capsys, [*FULL_NIAH, "--config", str(config), "--out", str(tmp_path / "r")], f"gqa_storage (in --config {config})", "every method but full")
+    assert not (tmp_path / "r").exists()
 
 
 def test_distinct_with_more_copies_than_a_step_scores_is_refused():

@@ -20,7 +20,7 @@ from lola.errors import about, describe_validation, option_name, report
 from lola.io.outputs import check_free
 from lola.io.provenance import DISTRIBUTION
 from lola.limits import MAX_TOKENS
-from lola.methods import check_lola_options
+from lola.methods import NIAH_SCOPES, PERPLEXITY_SCOPES, check_options
 
 __all__ = ["main"]
 
@@ -143,6 +143,15 @@ def linearize_fields(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     return given_fields(args, [*LINEARIZE_STAGE1, *LINEARIZE_SHARED]), given_fields(args, stage2, stage2)
 
 
+def _given_name(args: argparse.Namespace, fields: tuple[str, ...]) -> Any:
+    """How a refusal names a field of a run: its option where the command line gave it, else the
+    key of the ``--config`` file that did."""
+    from lola.cli.spec_options import given_fields
+
+    flags = given_fields(args, fields)
+    return lambda field: option_name(field) if field in flags or not getattr(args, "config", None) else f"{field} (in --config {args.config})"
+
+
 def _niah(args: argparse.Namespace) -> int:
     from lola.cli.spec_options import given_fields
     from lola.eval.niah_report import scored
@@ -162,7 +171,7 @@ def _niah(args: argparse.Namespace) -> int:
     options.update(given_fields(args, NIAH_FIELDS))
     batch_size = _check_int("--batch-size", options.pop("batch_size", 1) if args.batch_size is None else args.batch_size, 1)
     run = NiahRun(**options)
-    check_lola_options(options, run.methods)
+    check_options(options, run, NIAH_SCOPES, _given_name(args, NIAH_FIELDS))
     out = args.out or f"results/niah-{run.task}"
     check_out_folder(out, run)  # unwritable, foreign, another run's or damaged: refused before loading
     check_free(out, "lola niah")  # another run in it: refused before loading
@@ -205,6 +214,7 @@ def _probe(args: argparse.Namespace) -> int:
     options = _read_config(args.config) if args.config else {}
     options.update(given_fields(args, NIAH_FIELDS))
     run = NiahRun(**options)
+    check_options(options, run, NIAH_SCOPES, _given_name(args, NIAH_FIELDS))
     out = args.out or f"results/probe-{run.task}"
     from lola.io.outputs import check_output_folder
 
@@ -335,6 +345,10 @@ def _linearize(args: argparse.Namespace) -> int:
     from lola.linearize import FinetuneConfig, LinearizeConfig, finetune, linearize
 
     _check_stage_options(args)
+    if args.from_lora and args.feature_maps is None:
+        raise ValueError(
+            "--from-lora continues from the LoRA weights of --feature-maps (a stage-2 folder or shipped name), and none is given: give --feature-maps, or drop --from-lora"
+        )
     opts1, opts2 = linearize_fields(args)
     stage2_dests = {**LINEARIZE_STAGE2, **{f2: d for d, f2 in LINEARIZE_SHARED.items()}}
     if args.from_lora:
@@ -443,12 +457,12 @@ def _perplexity(args: argparse.Namespace) -> int:
 
     given = given_fields(args, PERPLEXITY_FIELDS)
     run = PerplexityRun(**given)
-    check_lola_options(given, run.methods)
     _check_text_sources(run.text)
     if run.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 
         read_feature_maps(run.feature_maps)
+    check_options(given, run, PERPLEXITY_SCOPES)  # after the inputs: a damaged one is named first
     if args.out:
         check_output_file(args.out, ours=_is_perplexity_results, writer="lola perplexity")
     from lola import models
@@ -719,7 +733,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_options(ppl, PerplexityRun, PERPLEXITY_FIELDS, aliases={"lengths": ["--length"]})
     ppl.add_argument("--out", help="also write the results to this JSON file")
     ppl.set_defaults(func=_perplexity)
+    for command in sub.choices.values():  # each command's messages name its options, not the fields they set
+        command.set_defaults(option_names=option_names(command))
     return parser
+
+
+def option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{dest: option string}`` of ``parser``'s options (the long form a field's name gives, else
+    the first long one): how a message that names a run spec's field names the option instead
+    (:func:`lola.errors.name_options`)."""
+    names = {}
+    for action in parser._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest not in ("help", "debug"):
+            names[action.dest] = option_name(action.dest) if option_name(action.dest) in longs else longs[0]
+    return names
 
 
 # The optional packages, by the extra that installs them (pyproject.toml): a command that needs
@@ -759,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (set by {', '.join(sizes)})" if sizes else ""
         return report(f"lola {args.command}", MemoryError(f"{err}{hint}"), debug=_debug(args))
     except Exception as err:  # a user error: one line naming the input; anything else: a bug
-        return report(f"lola {args.command}", err, debug=_debug(args))
+        return report(f"lola {args.command}", err, debug=_debug(args), options=getattr(args, "option_names", None))
 
 
 if __name__ == "__main__":  # pragma: no cover

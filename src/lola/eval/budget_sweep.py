@@ -81,6 +81,12 @@ class BudgetSweep(BaseModel):
                 raise ValueError(f"budget fractions must lie in (0, 1], got {b!r}")
         if len(set(budgets)) != len(budgets):
             raise ValueError(f"budgets must be distinct, got {budgets}")
+        spellings: dict[Any, list[str]] = {}
+        for b in budgets:  # 1/4 and 2/8 are one budget: its points would run (and count) twice
+            spellings.setdefault(b if b == "paper" else Fraction(b), []).append(b)
+        twice = [" and ".join(names) for names in spellings.values() if len(names) > 1]
+        if twice:
+            raise ValueError(f"budgets must be distinct, got {budgets}: {'; '.join(twice)} are one budget written twice")
         return budgets
 
 
@@ -93,7 +99,7 @@ def _sizes(sweep: BudgetSweep, length: int, budget: str) -> dict[str, int]:
     window = max(1, exact // 4 - sweep.sinks)
     sparse = exact - sweep.sinks - window
     if sparse < 0:
-        raise ValueError(f"budget {budget} of {length} tokens ({exact} exact) leaves no room beside {sweep.sinks} sinks and a window")
+        raise ValueError(f"budgets: {budget} of {length} tokens ({exact} exact) leaves no room beside {sweep.sinks} sinks and a window")
     return {"sinks": sweep.sinks, "window": window, "sparse_size": sparse}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from lola.config import LoLAConfig
 from lola.data.text import TextOption, describe, encode, load_split, token_chunks
@@ -63,6 +63,14 @@ class LinearizeConfig(BaseModel):
     checkpoint_every: StrictInt = Field(25, ge=1, description="steps between checkpoints")
     seed: Seed = Field(0, description="seed of the data split, the chunk order and new weights")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train (auto: CUDA when available)")
+
+    @model_validator(mode="after")
+    def _feature_dim_sizes_hedgehog(self) -> "LinearizeConfig":
+        if "feature_dim" in self.model_fields_set and self.feature_map == "hedgehog_identity":
+            raise ValueError(
+                f"feature_dim={self.feature_dim} sizes the hedgehog map only: it does nothing with feature_map='hedgehog_identity' (its size is the head's); drop it"
+            )
+        return self
 
 
 def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:

@@ -96,6 +96,17 @@ class FitSpec(BaseModel):
         return self.length if self.target == "future" else 2 * self.length + 16
 
     @model_validator(mode="after")
+    def _future_options_need_the_future_target(self) -> "FitSpec":
+        given = [f for f in ("min_distance", "min_future") if f in self.model_fields_set]
+        if self.target != "future" and given:
+            one = len(given) == 1
+            raise ValueError(
+                f"{' and '.join(given)} {'sets' if one else 'set'} the future target only: {'it does' if one else 'they do'} nothing with "
+                f"target={self.target!r}; drop {'it' if one else 'them'}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _leaves_keys_to_fit(self) -> "FitSpec":
         # Checked with the options (before a model loads): a chunk must leave keys to fit.
         lo, hi = self.keys()

@@ -129,7 +129,16 @@ def lola_config_from_args(
     unknown = sorted(set(fields) - set(LoLAConfig.model_fields))
     if unknown:
         raise ValueError(f"unknown model_args {unknown}: not LoLAConfig fields ({', '.join(LoLAConfig.model_fields)}) nor {', '.join(LOLA_ARGS)}")
-    cfg = LoLAConfig(**{**base, **{k: _parse_value(v) for k, v in fields.items()}})
+    from pydantic import ValidationError
+
+    try:
+        cfg = LoLAConfig(**{**base, **{k: _parse_value(v) for k, v in fields.items()}})
+    except ValidationError as err:  # one line naming where the fields came from: the file, the model_args
+        from lola.errors import describe_validation
+
+        where = [f"lola_config {lola_config}"] if isinstance(lola_config, (str, os.PathLike)) else []
+        where += [f"model_args {', '.join(fields)}"] if fields else []
+        raise ValueError(f"{' with '.join(where) or 'lola_config'}: {describe_validation(err)}") from None
     maps = None
     if feature_maps is not None:
         from lola.pretrained.folder import FeatureMaps, read_feature_maps
@@ -245,7 +254,8 @@ class LoLALM(HFLM):
         if apply_lola:  # a bad config fails before the model loads
             cfg, maps = lola_config_from_args(lola_config, model_name=name, feature_maps=feature_maps, budgets=budgets, **fields)
         elif fields or lola_config is not None or feature_maps is not None:
-            raise ValueError("apply_lola=false evaluates the stock model: drop the LoLA model_args")
+            given = [*fields, *(["lola_config"] if lola_config is not None else []), *(["feature_maps"] if feature_maps is not None else [])]
+            raise ValueError(f"apply_lola=false evaluates the stock model: drop the LoLA model_args {', '.join(given)}")
         if name is not None:
             from lola import models
             from lola.data.text import ByteTokenizer

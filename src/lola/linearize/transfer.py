@@ -66,7 +66,9 @@ class LinearizeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _feature_dim_sizes_hedgehog(self) -> "LinearizeConfig":
-        if "feature_dim" in self.model_fields_set and self.feature_map == "hedgehog_identity":
+        # (a saved config names every field: only a size other than the default was asked for)
+        default = type(self).model_fields["feature_dim"].default
+        if "feature_dim" in self.model_fields_set and self.feature_map == "hedgehog_identity" and self.feature_dim != default:
             raise ValueError(
                 f"feature_dim={self.feature_dim} sizes the hedgehog map only: it does nothing with feature_map='hedgehog_identity' (its size is the head's); drop it"
             )

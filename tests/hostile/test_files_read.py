@@ -171,7 +171,7 @@ def test_damaged_feature_map_folder_is_refused_naming_file_and_key(name, damage,
     assert snapshot(folder) == before
 
 
-@pytest.mark.parametrize("command", [["perplexity", "--model", "tiny-random-llama"], FULL_NIAH], ids=["perplexity", "niah"])
+@pytest.mark.parametrize("command", [["perplexity", "--model", "tiny-random-llama"], [*FULL_NIAH[:-3], "hybrid", *FULL_NIAH[-2:]]], ids=["perplexity", "niah"])
 def test_a_damaged_feature_map_folder_is_refused_before_loading(command, maps_folder, tmp_path, capsys, no_model):
     folder = tmp_path / "maps"
     shutil.copytree(maps_folder, folder)

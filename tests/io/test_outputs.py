@@ -285,9 +285,27 @@ def test_two_processes_writing_one_group_into_one_folder_both_finish_whole(tmp_p
     assert files["a.txt"].decode().endswith(" 39")
 
 
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def test_temporaries_a_killed_writer_left_are_reclaimed_by_the_next_write(tmp_path):
     write_files(tmp_path, {"state.bin": b"old"})
-    leftover = tmp_path / f"{TEMP_PREFIX}state.bin.abc123"
+    leftover = tmp_path / f"{TEMP_PREFIX}{_dead_pid()}-state.bin.abc12345"
     leftover.write_bytes(b"x" * 4096)  # a killed writer's half-written copy of the state
     write_files(tmp_path, {"state.bin": b"new"})
     assert _listing(tmp_path) == {"state.bin": b"new"}
+
+
+def test_only_lola_s_temporaries_of_writers_gone_are_reclaimed(tmp_path):
+    # a user's file that merely starts like lola's, and a live writer's temporary, stay
+    kept = {f"{TEMP_PREFIX}results.json.abc": b"someone's draft", f"{TEMP_PREFIX}{os.getppid()}-state.bin.abc12345": b"a live writer's"}
+    for name, data in kept.items():
+        (tmp_path / name).write_bytes(data)
+    write_files(tmp_path, {"state.bin": b"new"})
+    assert _listing(tmp_path) == {"state.bin": b"new", **kept}

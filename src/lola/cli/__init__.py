@@ -296,11 +296,15 @@ def _check_linearize_out(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | Non
                 "give an empty or new folder"
             )
     stage2_ckpt = out / FINETUNE_CHECKPOINT_FILE
-    if cfg2 is not None and stage2_ckpt.is_file():
-        inputs = run_inputs(cfg2, stage1_maps=stage1_maps) if cfg1 is None and stage1_maps is not None else None
-        load_checkpoint(stage2_ckpt, cfg2, "--stage2-steps", inputs)
-    elif cfg1 is not None and (out / CHECKPOINT_FILE).is_file():
-        load_checkpoint(out / CHECKPOINT_FILE, cfg1, "--steps")
+    try:
+        if cfg2 is not None and stage2_ckpt.is_file():
+            inputs = run_inputs(cfg2, stage1_maps=stage1_maps) if cfg1 is None and stage1_maps is not None else None
+            load_checkpoint(stage2_ckpt, cfg2, "--stage2-steps", inputs)
+        elif cfg1 is not None and (out / CHECKPOINT_FILE).is_file():
+            load_checkpoint(out / CHECKPOINT_FILE, cfg1, "--steps")
+    except ValueError:
+        if not overwrite:  # with --overwrite a checkpoint of other options is set aside (_discard_checkpoints)
+            raise
     if overwrite:
         return
     from lola.pretrained.folder import FEATURE_MAPS_FILE, FINETUNE_REPORT_FILE, REPORT_FILE
@@ -403,6 +407,8 @@ def _linearize(args: argparse.Namespace) -> int:
 
     with run_lock(out, "lola linearize") if main_rank else contextlib.nullcontext():
         _check_linearize_out(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out, overwrite=args.overwrite)  # again, under the lock
+        if args.overwrite:
+            _discard_checkpoints(out, cfg1, cfg2, stage1_maps=args.feature_maps or args.out)
         if cfg1 is not None and cfg2 is not None and (out / FINETUNE_CHECKPOINT_FILE).is_file():
             print(f"stage 1: done ({args.out} holds a stage-2 checkpoint)", file=sys.stderr)
         elif cfg1 is not None:
@@ -411,6 +417,30 @@ def _linearize(args: argparse.Namespace) -> int:
             finetune(model, tok, cfg2, args.out, maps=args.feature_maps, model_name=model_name)
     print(f"linearized: {args.out} (use with --feature-maps {args.out})")
     return 0
+
+
+def _discard_checkpoints(out: Path, cfg1: Any, cfg2: Any, stage1_maps: str | None) -> None:
+    """Under ``--overwrite``, remove the checkpoint of a stage that will run when it cannot be
+    resumed (other options, other inputs, damaged): the stage then trains from the start, as
+    asked. A checkpoint of the same run is kept and resumed."""
+    from lola.linearize.checkpoint import checksum_path, load_checkpoint, run_inputs
+    from lola.linearize.finetuning import FINETUNE_CHECKPOINT_FILE
+    from lola.linearize.transfer import CHECKPOINT_FILE
+
+    stages = [(out / CHECKPOINT_FILE, cfg1, "--steps", None)]
+    if cfg2 is not None:
+        stages.append(
+            (out / FINETUNE_CHECKPOINT_FILE, cfg2, "--stage2-steps", run_inputs(cfg2, stage1_maps=stage1_maps) if cfg1 is None and stage1_maps else None)
+        )
+    for path, cfg, option, inputs in stages:
+        if cfg is None or not path.is_file():
+            continue
+        try:
+            load_checkpoint(path, cfg, option, inputs)
+        except ValueError as err:
+            print(f"--overwrite: {path} cannot be resumed ({err}); training from the start", file=sys.stderr)
+            path.unlink()
+            checksum_path(path).unlink(missing_ok=True)
 
 
 def _is_perplexity_results(path: Path) -> bool:

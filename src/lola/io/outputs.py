@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -488,11 +489,35 @@ def file_mode() -> int:
 _umask_lock = threading.Lock()
 
 
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-.+\.[A-Za-z0-9_]{8}$")  # mkstemp's 8-character suffix
+
+
+def _temp_prefix(name: str) -> str:
+    """Temporary names carry the writer's pid, so that only a dead writer's are reclaimed."""
+    return f"{TEMP_PREFIX}{os.getpid()}-{name}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone else's process (or a pid we cannot ask about): not ours to clean
+    return True
+
+
 def _reclaim_temporaries(folder: Path) -> None:
     """Remove the temporary files a killed writer left (the lock is held: no lola writer is
-    using any; those a journal names were moved into place by :func:`finish_pending` first)."""
+    using any; those a journal names were moved into place by :func:`finish_pending` first):
+    those named as lola names them (:func:`_temp_prefix`) by a pid that is this process or no
+    longer runs. Any other file, a user's ``.lola-tmp-notes`` included, is left alone."""
     for leftover in folder.glob(f"{TEMP_PREFIX}*"):
-        if leftover.is_file() and not leftover.is_symlink():
+        found = _TEMP_NAME.match(leftover.name)
+        if not found or not leftover.is_file() or leftover.is_symlink():
+            continue
+        pid = int(found.group(1))
+        if pid == os.getpid() or not _alive(pid):
             leftover.unlink(missing_ok=True)
 
 
@@ -544,7 +569,7 @@ def write_files(
         committed = False
         try:
             for name, content in files.items():
-                fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=folder)
+                fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(name), dir=folder)
                 tmp = Path(tmp_name)
                 temps.append(tmp)
                 try:
@@ -595,7 +620,7 @@ def _file_state(path: Path) -> list[int] | None:
 
 def _write_journal(folder: Path, renames: list[list[Any]], remove: list[str]) -> None:
     """Write the journal of a group write atomically (temporary file, sync, rename)."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{PENDING_FILE}.", dir=folder)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(PENDING_FILE), dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump({"renames": renames, "remove": remove}, f)

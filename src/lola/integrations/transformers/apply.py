@@ -70,6 +70,12 @@ def apply_lola(
         maps = feature_maps if isinstance(feature_maps, FeatureMaps) else read_feature_maps(feature_maps)
         check_geometry(maps, model)
         config = maps.merge_into(config)
+    if config.mixing == "softmax_only" and config.linear_share_cap is not None and config.linear_share_cap < 1:
+        # (decidable only now: trained maps may make an unset rule the paper's, where it acts)
+        raise ValueError(
+            f"linear_share_cap={config.linear_share_cap} caps the linear state's share of each output, and under mixing='softmax_only' "
+            "(the rule without trained feature maps) the output reads no state: drop it, or set mixing='lola_authors'"
+        )
     modules = attention_modules(model)
     num_layers = len(modules)
     bad = [i for i in config.full_attention_layers if i >= num_layers]

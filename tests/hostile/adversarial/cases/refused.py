@@ -697,8 +697,9 @@ BATCH_3 = [
     Case(
         "x3-config-share-cap-softmax-only",
         "refused",
-        "LoLAConfig(linear_share_cap=0.5) with the default softmax_only rule",
-        lambda ctx: lola.LoLAConfig(linear_share_cap=0.5),
+        "apply_lola(LoLAConfig(linear_share_cap=0.5)) without feature maps: the default softmax_only rule reads no state "
+        "(first written as the bare LoLAConfig, where the rule is not yet decided: trained maps make an unset rule the paper's)",
+        lambda ctx: lola.apply_lola(tiny(), lola.LoLAConfig(linear_share_cap=0.5)),
         refuse("linear_share_cap", check=_nothing("the cap does nothing when the state has no share")),
     ),
     Case(

@@ -207,13 +207,6 @@ class LoLAConfig(BaseModel):
             return self
         given = {f for f in self.model_fields_set if getattr(self, f) != type(self).model_fields[f].get_default(call_default_factory=True)}
         mixing_set = "mixing" in self.model_fields_set
-        sparse = [self.sparse_size, *(self.sparse_size_per_head or [])]
-        sparse += [
-            v
-            for o in self.layer_overrides.values()
-            for k in ("sparse_size", "sparse_size_per_head")
-            for v in ([o[k]] if k in o and not isinstance(o[k], list) else o.get(k) or [])
-        ]
         idle = {
             "feature_dim": f"feature_dim={self.feature_dim} sizes the hedgehog map only: feature_dim does nothing with {self.feature_map} (its size is the head's)"
             if self.feature_map == "hedgehog_identity"
@@ -227,14 +220,10 @@ class LoLAConfig(BaseModel):
             "and under mixing='softmax_only' the window factor is never read"
             if self.mixing == "softmax_only"
             else None,
-            "chunk": f"chunk={self.chunk} sets the steps of the chunkwise schedule: chunk does nothing under the {self.schedule} schedule"
-            if self.schedule == "tokenwise" and self.chunk != 1  # chunk=1 says what tokenwise does
-            else None,
         }
-        if not any(sparse):
-            scored = f"policy {self.policy!r}" + (f" with policy_kwargs {short_repr(self.policy_kwargs)}" if self.policy_kwargs else "")
-            why = f"{scored} scores the sparse cache, and sparse_size is 0: a policy with options scores no sparse cache"
-            idle["policy_kwargs"] = idle["policy"] = why
+        # (a chunk under the tokenwise schedule, or a policy with no sparse cache, stay accepted:
+        # configs drawn over a grid carry them for the points that use them; the commands refuse
+        # them where a user gave them, lola.methods.check_options)
         found = [why for field, why in idle.items() if why is not None and field in given]
         if found:
             raise ValueError(f"{found[0]}; leave it unset")

@@ -14,6 +14,7 @@ from lola.core.mixing import MIXING_NAMES
 from lola.eval.demo import Seed
 from lola.eval.niah import check_templates
 from lola.methods import (
+    FOLDED_POLICIES,  # (defined beside the option scopes that read it; used here and re-exported)
     METHODS,
     ExactDistanceOption,
     LinearDecayOption,
@@ -327,11 +328,6 @@ FOLD_COPIES = 4
 """``fold_copies`` unless given: a candidate is a repeat once four higher-ranked candidates repeat
 its value, so a needle's repeated digits and the digits of a prose haystack stay exact while the
 hundreds of copies of a repetitive haystack's tokens fold."""
-FOLDED_POLICIES = ("learned",)
-"""Policies ``fold_repeats`` wraps: those whose score is a function of the token's own key and
-value, so every copy of a repeated token scores alike. SRE reads each candidate against the
-linear state, which already recalls a folded copy well (its error is low): folding repeats
-under it tied at 2K and 4K and lost at 8K (docs/results.md, "What the misses at 8K are")."""
 
 
 def default_policy(model: Any, feature_maps: Any = None) -> str:

@@ -79,9 +79,14 @@ def lola_mask(*args, **kwargs):
         # (as sdpa_mask reads it: columns past the 2-D mask's end are padding)
         real = torch.nn.functional.pad(attention_mask.bool(), (0, max(0, kv_offset + kv_length - attention_mask.shape[-1])))
         real = real[:, kv_offset : kv_offset + kv_length]
-        if bool(real.all()):
+        q_length = kwargs["q_length"]
+        segment = real[:, kv_length - q_length :]  # the segment's real tokens (the diagonal)
+        every, segment_every = torch.stack([real.all(), segment.all()]).tolist()  # the forward's one read
+        if every:
             return None
-        mask = real[:, None, None, :].expand(real.shape[0], 1, kwargs["q_length"], kv_length)
+        mask = real[:, None, None, :].expand(real.shape[0], 1, q_length, kv_length)
+        # what segment_padding_mask would find on the diagonal, told now (no second read)
+        _LAST_MASK.set((weakref.ref(mask), q_length, None if segment_every else segment))
     else:
         mask = sdpa_mask(*args, **kwargs)
     if plain and isinstance(mask, torch.Tensor):

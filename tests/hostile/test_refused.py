@@ -773,8 +773,6 @@ SET_TO_NO_EFFECT = [
     (dict(feature_map="hedgehog_identity", feature_dim=32), "feature_dim does nothing with hedgehog_identity"),
     (dict(mixing="softmax_only", linear_share_cap=0.5), "the cap does nothing when the state has no share"),
     (dict(window_factor_init=0.0), "the window factor is never read"),
-    (dict(schedule="tokenwise", chunk=16), "chunk does nothing under the tokenwise schedule"),
-    (dict(sparse_size=0, policy="random", policy_kwargs={"seed": 3}), "scores no sparse cache"),
 ]
 
 
@@ -786,6 +784,17 @@ def test_a_config_field_set_to_no_effect_is_refused(fields, fragment):
 
 def test_fields_left_unset_or_at_their_defaults_are_accepted():
     lola.LoLAConfig(schedule="tokenwise")  # chunk left at its default
+    # a config drawn over a grid carries fields for the points that use them (the commands
+    # refuse them where a user gave them): a chunk under tokenwise, a policy with no sparse cache
+    lola.LoLAConfig(schedule="tokenwise", chunk=16)
+    lola.LoLAConfig(sparse_size=0, policy="random", policy_kwargs={"seed": 3})
+
+
+def test_a_share_cap_under_the_rule_without_maps_is_refused_when_applied():
+    from tests.hostile.common import tiny_model
+
+    with pytest.raises(ValueError, match=r"linear_share_cap=0.5 caps .* under mixing='softmax_only' .* reads no state"):
+        lola.apply_lola(tiny_model("llama"), lola.LoLAConfig(linear_share_cap=0.5))
     lola.LoLAConfig(sparse_size=0)  # the policy left unset
     lola.LoLAConfig(linear_share_cap=0.5)  # the rule left unset: trained maps decide it when loaded
     lola.LoLAConfig(mixing="lola_authors", linear_share_cap=0.5, window_factor_init=0.0)

@@ -17,10 +17,21 @@ from pathlib import Path
 
 
 def read_cells(paths: list[str]) -> dict[str, dict[int, dict]]:
-    """``{method: {length: cell}}`` over ``paths``, the first file's cell kept."""
+    """``{method: {length: cell}}`` over ``paths``, the first file's cell kept. A cell is
+    summarised from the ``samples.jsonl`` beside the ``results.json`` when it has one (a run
+    stopped mid-way summarises its samples only when resumed), else taken from the summary
+    (refused cells are only there)."""
+    from lola.eval.niah_report import summarize
+
     cells: dict[str, dict[int, dict]] = {}
     for path in paths:
         summary = json.loads(Path(path).read_text(encoding="utf-8"))["summary"]
+        samples = Path(path).with_name("samples.jsonl")
+        if samples.is_file():
+            records = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
+            for method, by in summarize(records).items():
+                for length, cell in by.items():
+                    summary.setdefault(method, {})[str(length)] = cell
         for method, by in summary.items():
             for length, cell in by.items():
                 cells.setdefault(method, {}).setdefault(int(length), cell)
@@ -68,10 +79,11 @@ def main() -> None:
     acc.legend(fontsize=8, loc="lower left")
     mib.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
+    from lola.io.figures import is_lola_png, save_png
     from lola.io.outputs import write_files
 
     out = Path(args.out)
-    write_files(out.parent, {out.name: lambda p: fig.savefig(p, dpi=120, format="png")}, writer="long_context_figure.py")
+    write_files(out.parent, {out.name: lambda p: save_png(fig, p, dpi=120)}, ours=lambda p: is_lola_png(p, folder_is_lola_s=True), writer="long_context_figure.py")
     print(f"wrote {out}")
 
 

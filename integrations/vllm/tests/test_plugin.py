@@ -104,6 +104,7 @@ def test_the_state_page_is_lolas_state_for_one_row(llm):
             if hasattr(m, "get_state_shape")
         ]
 
+    from lola.engine.state_checks import describe_layout, layout_width
     from lola.pretrained.resolve import resolve_config
 
     config = json.load(open(os.path.join(MODEL, "config.json")))
@@ -114,7 +115,7 @@ def test_the_state_page_is_lolas_state_for_one_row(llm):
     for layer in range(layers):  # per-layer sizes (calibrated budgets) give pages of their own size
         attn = lola.compose(cfg.for_layer(layer), num_heads=h, head_dim=d, num_kv_heads=hkv, layer=layer)
         _, state = attn(torch.randn(1, 3, h, d), torch.randn(1, 3, hkv, d), torch.randn(1, 3, hkv, d))
-        layout = 8 * len(state.slots.head_widths) if state.slots.ragged_name is not None else 0  # per-head sizes: the layout page
+        layout = layout_width(describe_layout(state))  # the layout descriptor's page, stamped at bind
         expected.append(state.nbytes() - 8 + layout)  # all but the row's token count
     assert llm.apply_model(page_bytes) == [expected]
 

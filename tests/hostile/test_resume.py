@@ -959,7 +959,7 @@ PROBE_EDITS = [
     ("a score its prediction does not earn", lambda recs: [_flipped(recs[0])], "line 1", "is not what its prediction scores"),
     ("the record twice, the copy scoring otherwise", lambda recs: [recs[0], _flipped(recs[0])], "line 2", "is not what its prediction scores"),
     ("the record twice", lambda recs: [recs[0], recs[0]], "line 2 repeats sample 0 of hybrid at length 400 (first on line 1)", "delete the line"),
-    ("a method the run does not probe", lambda recs: [*recs, {**recs[0], "method": "lola-sre"}], "line 2", "method 'lola-sre' is not one this run probes"),
+    ("a method the run does not probe", lambda recs: [*recs, {**recs[0], "method": "lola-sre"}], "line 2", "method 'lola-sre' is not one of this run's"),
     ("a length the run does not have", lambda recs: [*recs, {**recs[0], "length": 800}], "line 2", "length 800"),
     ("an index beyond the samples", lambda recs: [*recs, {**recs[0], "index": 1}], "line 2", "index 1"),
     ("no layers", lambda recs: [{k: v for k, v in recs[0].items() if k != "layers"}], "line 1", "layers: Field required"),

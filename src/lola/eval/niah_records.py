@@ -29,6 +29,18 @@ Count = Annotated[StrictInt, Field(ge=0)]
 Rate = Annotated[StrictFloat, Field(ge=0)]
 
 
+def check_of_run(context: dict, method: str, length: int, index: int) -> None:
+    """Refuse a record (``niah``'s or ``probe``'s) of a method, length or index the run in
+    ``context`` (``run``, ``methods``: what a record is validated with) does not have."""
+    run, methods = context.get("run"), context.get("methods")
+    if methods is not None and method not in methods:
+        raise ValueError(f"method {method!r} is not one of this run's ({', '.join(methods)})")
+    if run is not None and length not in run.lengths:
+        raise ValueError(f"length {length} is not one of this run's lengths {run.lengths}")
+    if run is not None and index >= run.samples:
+        raise ValueError(f"index {index} is beyond this run's {run.samples} samples per length")
+
+
 class SampleRecord(BaseModel):
     """One line of ``samples.jsonl``: the one check of every record a resume reads back.
 
@@ -69,13 +81,8 @@ class SampleRecord(BaseModel):
     @model_validator(mode="after")
     def _of_this_run(self, info: ValidationInfo) -> "SampleRecord":
         context = info.context or {}
-        run, methods = context.get("run"), context.get("methods")
-        if methods is not None and self.method not in methods:
-            raise ValueError(f"method {self.method!r} is not one of this run's ({', '.join(methods)})")
-        if run is not None and self.length not in run.lengths:
-            raise ValueError(f"length {self.length} is not one of this run's lengths {run.lengths}")
-        if run is not None and self.index >= run.samples:
-            raise ValueError(f"index {self.index} is beyond this run's {run.samples} samples per length")
+        run = context.get("run")
+        check_of_run(context, self.method, self.length, self.index)
         if run is not None and not math.isclose(self.depth, sample_depth(self.index, run.samples), rel_tol=1e-9, abs_tol=1e-12):
             raise ValueError(
                 f"depth {self.depth} is not the depth of sample {self.index} of this run ({sample_depth(self.index, run.samples)} with {run.samples} samples)"

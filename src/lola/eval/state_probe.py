@@ -177,16 +177,10 @@ class ProbeRecord(BaseModel):
 
     @model_validator(mode="after")
     def _of_this_run(self, info: ValidationInfo) -> "ProbeRecord":
-        from lola.eval.niah_records import check_prompt, check_score
+        from lola.eval.niah_records import check_of_run, check_prompt, check_score
 
         context = info.context or {}
-        run, methods = context.get("run"), context.get("methods")
-        if methods is not None and self.method not in methods:
-            raise ValueError(f"method {self.method!r} is not one this run probes ({', '.join(methods)})")
-        if run is not None and self.length not in run.lengths:
-            raise ValueError(f"length {self.length} is not one of this run's lengths {run.lengths}")
-        if run is not None and self.index >= run.samples:
-            raise ValueError(f"index {self.index} is beyond this run's {run.samples} samples per length")
+        check_of_run(context, self.method, self.length, self.index)
         check_score(self.score, self.prediction, self.answers)
         check_prompt(context.get("prompts"), self.length, self.index, self.answers, self.prompt_tokens, self.depth)
         return self

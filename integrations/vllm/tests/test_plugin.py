@@ -113,7 +113,9 @@ def test_the_state_page_is_lolas_state_for_one_row(llm):
     cfg = resolve_config(config["lola"] if CONFIGS[CASE] is None else CONFIGS[CASE])
     expected = []
     for layer in range(layers):  # per-layer sizes (calibrated budgets) give pages of their own size
-        attn = lola.compose(cfg.for_layer(layer), num_heads=h, head_dim=d, num_kv_heads=hkv, layer=layer)
+        # (a page's size does not depend on how positions are read: composed without the model's rotary)
+        sized = cfg.for_layer(layer).model_copy(update={"positions": "absolute", "exact_distance": None, "state_positions": None})
+        attn = lola.compose(sized, num_heads=h, head_dim=d, num_kv_heads=hkv, layer=layer)
         _, state = attn(torch.randn(1, 3, h, d), torch.randn(1, 3, hkv, d), torch.randn(1, 3, hkv, d))
         layout = layout_width(describe_layout(state))  # the layout descriptor's page, stamped at bind
         expected.append(state.nbytes() - 8 + layout)  # all but the row's token count

@@ -83,7 +83,9 @@ def main() -> None:
     from lola.io.outputs import write_files
 
     out = Path(args.out)
-    write_files(out.parent, {out.name: lambda p: save_png(fig, p, dpi=120)}, ours=lambda p: is_lola_png(p, folder_is_lola_s=True), writer="long_context_figure.py")
+    write_files(
+        out.parent, {out.name: lambda p: save_png(fig, p, dpi=120)}, ours=lambda p: is_lola_png(p, folder_is_lola_s=True), writer="long_context_figure.py"
+    )
     print(f"wrote {out}")
 
 

@@ -699,7 +699,7 @@ BATCH_3 = [
         "refused",
         "apply_lola(LoLAConfig(linear_share_cap=0.5)) without feature maps: the default softmax_only rule reads no state "
         "(first written as the bare LoLAConfig, where the rule is not yet decided: trained maps make an unset rule the paper's)",
-        lambda ctx: lola.apply_lola(tiny(), lola.LoLAConfig(linear_share_cap=0.5)),
+        lambda ctx: lola.apply_lola(tiny()[0], lola.LoLAConfig(linear_share_cap=0.5)),
         refuse("linear_share_cap", check=_nothing("the cap does nothing when the state has no share")),
     ),
     Case(

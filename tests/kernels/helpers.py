@@ -11,8 +11,10 @@ from lola.kernels.ragged import RaggedSlots, pad_ragged
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def assert_close_rel(ref: torch.Tensor, out: torch.Tensor, ratio: float, name: str = "") -> None:
-    """``||ref - out|| / ||ref|| <= ratio`` (absolute when ``ref`` is all zeros); no NaN/inf."""
+def assert_close_rel(ref: torch.Tensor, out: torch.Tensor, ratio: float, name: str = "", floor: float = 0.0) -> None:
+    """``||ref - out|| / max(||ref||, floor) <= ratio`` (absolute when that is 0); no NaN/inf.
+    ``floor``: the size of the terms a cancelling sum is made of (its rounding is relative to
+    them, not to the sum)."""
     assert ref.shape == out.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     out = out.detach().to(device="cpu", dtype=torch.float64)
     ref = ref.detach().to(device="cpu", dtype=torch.float64)
@@ -21,17 +23,20 @@ def assert_close_rel(ref: torch.Tensor, out: torch.Tensor, ratio: float, name: s
     assert torch.equal(ref[~fin], out[~fin]), f"{name}: infinite entries differ"
     ref, out = ref[fin], out[fin]
     err = (ref - out).norm().item()
-    scale = ref.norm().item()
+    scale = max(ref.norm().item(), floor)
     rel = err / scale if scale > 0 else err
     assert rel <= ratio, f"{name}: relative error {rel:.3e} > {ratio:.1e}"
 
 
-def assert_outputs_close(ref: Sequence[torch.Tensor], out: Sequence[torch.Tensor], ratio: float, names: Sequence[str]) -> None:
+def assert_outputs_close(
+    ref: Sequence[torch.Tensor], out: Sequence[torch.Tensor], ratio: float, names: Sequence[str], floors: dict[str, float] | None = None
+) -> None:
     """:func:`assert_close_rel` output by output: ``ref[i]`` against ``out[i]``, named ``names[i]``
-    (``names`` may go on past the outputs compared)."""
+    (``names`` may go on past the outputs compared); ``floors``: per name, the size of the
+    terms a cancelling output sums (see :func:`assert_close_rel`)."""
     assert len(ref) == len(out), f"{len(out)} outputs, {len(ref)} expected"
     for name, r, o in zip(names, ref, out):
-        assert_close_rel(r, o, ratio, name)
+        assert_close_rel(r, o, ratio, name, (floors or {}).get(name, 0.0))
 
 
 def tolerance(dtype: torch.dtype) -> float:

@@ -72,6 +72,7 @@ def test_a_run_written_before_the_hybrid_was_renamed_resumes(tmp_path, monkeypat
     for name in ("samples.jsonl", "results.json"):
         path = tmp_path / name
         path.write_text(path.read_text().replace('"hybrid"', '"lolcats"'))
+    (tmp_path / ".lola-files.json").unlink()  # that lola kept no record of what it wrote
     assert '"lolcats"' in (tmp_path / "samples.jsonl").read_text()
     calls = []
     monkeypatch.setattr(model, "generate", lambda *a, **k: calls.append(1))

@@ -103,7 +103,7 @@ def test_rewriting_stage_1_removes_the_adapters_and_their_report(tmp_path):
     write_feature_maps(out, tensors, cfg, geometry, lora=lora, lora_spec=LoraSpec(rank=2, alpha=4.0), reports={"finetune_report.json": {"stage": 2}})
     assert read_feature_maps(out).lora is not None and (out / "report.json").exists()  # stage 1's report is kept, and recorded
     write_feature_maps(out, tensors, cfg, geometry, reports={"report.json": {"stage": 1, "again": True}})
-    assert sorted(p.name for p in out.iterdir()) == ["feature_maps.safetensors", "lola_config.json", "report.json"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["feature_maps.safetensors", "lola_config.json", "report.json"]
     assert read_feature_maps(out).lora is None
 
 
@@ -525,3 +525,34 @@ def test_linearize_refuses_a_folder_of_someone_else_s_files(tmp_path):
     (tmp_path / "config.json").unlink()
     (tmp_path / "checkpoint.pt").write_bytes(b"")  # its own, from a cut run: not refused by this check
     _check_linearize_out(tmp_path, None, None)
+
+
+def test_one_output_is_written_by_one_run_at_a_time(tmp_path):
+    # calibrate, perplexity --out, fit-scorer and export hold their output for the whole run
+    import subprocess
+    import sys
+
+    from lola.io.outputs import output_lock
+
+    out = tmp_path / "b.json"
+    holder = tmp_path / ".lola-run-b.json.json"
+    code = f"from lola.io.outputs import output_lock\nimport time\nwith output_lock({str(out)!r}, 'lola calibrate'):\n    print('held', flush=True)\n    time.sleep(60)"
+    import lola
+
+    env = {**os.environ, "PYTHONPATH": str(Path(lola.__file__).parents[1])}  # the lola under test
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert other.stdout.readline().strip() == "held", other.stderr.read() if other.poll() is not None else ""
+        with pytest.raises(ValueError, match=rf"lola perplexity: .*b.json is being written by lola calibrate \(pid {other.pid}"):
+            with output_lock(out, "lola perplexity"):
+                pass
+    finally:
+        other.kill()
+        other.wait()
+    with output_lock(out, "lola perplexity"):  # the holder died: its lock went with it
+        assert holder.is_file()
+    assert not holder.exists()
+    holder.symlink_to(tmp_path / "precious.txt")
+    with pytest.raises(ValueError, match=r"is not a plain file"):
+        with output_lock(out, "lola calibrate"):
+            pass

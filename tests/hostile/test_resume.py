@@ -908,7 +908,10 @@ def test_niah_results_without_their_inputs_cannot_resume_records(tmp_path, capsy
     (r / "results.json").write_text(json.dumps(results))
     capsys.readouterr()
     refused(capsys, argv, "records no fingerprint of --haystack-file", "remove samples.jsonl", "use another --out")
-    (r / "samples.jsonl").unlink()  # nothing to prove: the run starts over and records its inputs again
+    (r / "samples.jsonl").unlink()  # nothing to prove: the run could start over...
+    capsys.readouterr()
+    refused(capsys, argv, "results.json was written by lola niah and has changed since")  # ...but the edit is someone's: kept
+    shutil.rmtree(r)  # the user starts over: the run records its inputs again
     assert main(argv) == 0
     assert json.loads((r / "results.json").read_text())["inputs"]["haystack_file"] == content_digest(hay)
 

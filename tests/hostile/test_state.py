@@ -505,6 +505,7 @@ class TestCacheFiles:
         named = json.loads((folder / "cache.json").read_text())["tensors"]
         (folder / named).rename(folder / "cache.safetensors")  # as the earlier format named it
         edit_cache(folder, meta=lambda m: m.update(tensors="cache.safetensors"))
+        (folder / ".lola-files.json").unlink()  # an earlier lola kept no record of what it wrote
         model = saved_cache(folder)
         assert not (folder / "cache.safetensors").exists()
         LoLACache.load(folder, model)

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 import lola.io.outputs
-from lola.io.outputs import PENDING_FILE, TEMP_PREFIX, check_target, read_json, write_files
+from lola.io.outputs import PENDING_FILE, TEMP_PREFIX, WRITTEN_FILE, check_target, read_json, write_files, written_record
 
 
 def _listing(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink()}
+    """The folder's files, less lola's record of what it wrote (tested on its own below)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink() and p.name != WRITTEN_FILE}
 
 
 def test_writes_every_kind_of_content_in_order(tmp_path):
@@ -35,8 +36,8 @@ def test_writes_every_kind_of_content_in_order(tmp_path):
         paths = write_files(tmp_path / "new" / "deep", {"a.bin": b"\x00\x01", "b.txt": "héllo", "c.dat": lambda p: p.write_bytes(b"fn")})
     finally:
         lola.io.outputs.os.replace = saved
-    assert order == [PENDING_FILE, "a.bin", "b.txt", "c.dat"]  # the journal first, then the group
-    assert [p.name for p in paths] == order[1:]
+    assert order == [PENDING_FILE, "a.bin", "b.txt", "c.dat", WRITTEN_FILE]  # the journal, the group, its record last
+    assert [p.name for p in paths] == order[1:-1]
     assert _listing(tmp_path / "new" / "deep") == {"a.bin": b"\x00\x01", "b.txt": "héllo".encode(), "c.dat": b"fn"}
 
 
@@ -309,3 +310,42 @@ def test_only_lola_s_temporaries_of_writers_gone_are_reclaimed(tmp_path):
         (tmp_path / name).write_bytes(data)
     write_files(tmp_path, {"state.bin": b"new"})
     assert _listing(tmp_path) == {"state.bin": b"new", **kept}
+
+
+# -- the record of what lola wrote (WRITTEN_FILE) ----------------------------------------------------
+
+
+def test_the_files_lola_writes_are_recorded_with_their_digests(tmp_path):
+    import hashlib
+
+    write_files(tmp_path, {"a.txt": "one", "b.bin": b"\x00"}, writer="lola niah")
+    write_files(tmp_path, {"c.log": "appended to later"}, writer="lola probe", record=False)
+    written = written_record(tmp_path)
+    assert written == {
+        "a.txt": {"sha256": hashlib.sha256(b"one").hexdigest(), "writer": "lola niah"},
+        "b.bin": {"sha256": hashlib.sha256(b"\x00").hexdigest(), "writer": "lola niah"},
+    }
+    write_files(tmp_path, {"a.txt": "two"}, remove=["b.bin"], writer="lola niah")
+    assert set(written_record(tmp_path)) == {"a.txt"} and written_record(tmp_path)["a.txt"]["sha256"] == hashlib.sha256(b"two").hexdigest()
+
+
+@pytest.mark.parametrize("how", ["replace", "remove"])
+def test_a_file_lola_wrote_and_someone_changed_is_neither_replaced_nor_removed(tmp_path, how):
+    write_files(tmp_path, {"results.json": "{}", "plot.png": b"png"}, writer="lola niah")
+    (tmp_path / "results.json").write_text('{"my": "notes"}')
+    with pytest.raises(ValueError, match=r"results.json was written by lola niah and has changed since .*move it away"):
+        if how == "replace":
+            write_files(tmp_path, {"results.json": "{}"}, writer="lola niah")
+        else:
+            write_files(tmp_path, {"plot.png": b"new"}, remove=["results.json"], writer="lola niah")
+    assert (tmp_path / "results.json").read_text() == '{"my": "notes"}'
+    (tmp_path / "results.json").write_text("{}")  # restored: lola's own again
+    write_files(tmp_path, {"results.json": "[]"}, writer="lola niah")
+
+
+@pytest.mark.parametrize("record", ["not json", '{"format": "lola-files", "files": {"a": 3}}', '{"files": {}}'])
+def test_a_record_that_is_not_lola_s_is_refused(tmp_path, record):
+    (tmp_path / WRITTEN_FILE).write_text(record)
+    with pytest.raises(ValueError, match=r"\.lola-files\.json is not lola's record of the files it wrote"):
+        write_files(tmp_path, {"a.txt": "x"})
+    assert not (tmp_path / "a.txt").exists()

@@ -10,6 +10,7 @@ shows the traceback instead. Ctrl-C prints one line saying what was kept and how
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lola.errors import about, describe_validation, option_name, report
-from lola.io.outputs import check_free
+from lola.io.outputs import check_free, output_lock
 from lola.io.provenance import DISTRIBUTION
 from lola.limits import MAX_TOKENS
 from lola.methods import NIAH_SCOPES, PERPLEXITY_SCOPES, check_options
@@ -401,7 +402,6 @@ def _linearize(args: argparse.Namespace) -> int:
     with about("--model"):
         model, tok = models.load(model_name)
     args.interrupted_hint = f"run the same command again to resume from the last checkpoint in {args.out}"
-    import contextlib
 
     from lola.io.outputs import run_lock
 
@@ -482,7 +482,7 @@ PERPLEXITY_FIELDS = (
 
 def _perplexity(args: argparse.Namespace) -> int:
     from lola.cli.spec_options import given_fields
-    from lola.eval.perplexity import PerplexityRun, format_perplexity, run_perplexity
+    from lola.eval.perplexity import PerplexityRun
     from lola.io.outputs import check_output_file
 
     given = given_fields(args, PERPLEXITY_FIELDS)
@@ -500,6 +500,13 @@ def _perplexity(args: argparse.Namespace) -> int:
     with about("--model"):
         model, tok = models.load(run.model)
     args.interrupted_hint = "nothing was written (perplexity runs do not resume)"
+    with output_lock(args.out, "lola perplexity") if args.out else contextlib.nullcontext():
+        return _perplexity_run(args, run, model, tok)
+
+
+def _perplexity_run(args: argparse.Namespace, run: Any, model: Any, tok: Any) -> int:
+    from lola.eval.perplexity import format_perplexity, run_perplexity
+
     results = run_perplexity(run, model, tok)
     from lola.data.text import describe
 
@@ -557,8 +564,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, ours=is_budgets_file, writer="lola calibrate")
     model, tok = _load_adapted(spec.model, spec.feature_maps)
     args.interrupted_hint = "nothing was written"
-    budgets = calibrate(model, tok, model_name=spec.model, **spec.model_dump(exclude={"model"}))
-    budgets.save(out)
+    with output_lock(out, "lola calibrate"):
+        budgets = calibrate(model, tok, model_name=spec.model, **spec.model_dump(exclude={"model"}))
+        budgets.save(out)
     print(budgets.summary())
     print(f"\nbudgets: {out} (use with `lola niah --budgets {out}` or lola.budgets.load)")
     return 0
@@ -589,7 +597,8 @@ def _fit_scorer(args: argparse.Namespace) -> int:
     model, tok = _load_adapted(spec.model, spec.feature_maps)
     args.interrupted_hint = f"the statistics so far are in {out}.partial: the same command resumes"
     command = "lola fit-scorer " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["fit-scorer"] else ""
-    scorer = fit_scorer(model, tok, spec, out, command=command)
+    with output_lock(out, "lola fit-scorer"):  # one run extends one checkpoint
+        scorer = fit_scorer(model, tok, spec, out, command=command)
     print(format_report(scorer.info["report"]))
     print(f"\nscorer: {out} (use with `lola niah --policies learned` variants: policy_kwargs {{scorer: {out}}})")
     return 0
@@ -616,7 +625,8 @@ def _export(args: argparse.Namespace) -> int:
     with about("--model"):
         model, tok = models.load(args.model)
     args.interrupted_hint = "the folder is written all at once at the end: nothing was written"
-    paths = export_pretrained(model, tok, out, config, feature_maps=args.feature_maps, dtype=args.dtype, vllm=args.vllm)
+    with output_lock(out, "lola export"):
+        paths = export_pretrained(model, tok, out, config, feature_maps=args.feature_maps, dtype=args.dtype, vllm=args.vllm)
     saved = json.loads((out / "config.json").read_text())["lola"]["config"]
     print(f"lola export: {out} ({len(paths)} files; mixing {saved['mixing']}, window {saved['window']}, sinks {saved['sinks']})")
     print(f"load it with lola.from_pretrained({str(out)!r})" + (f" or serve it with `vllm serve {out}` (lola-attention-vllm)" if args.vllm else ""))

@@ -47,6 +47,8 @@ __all__ = [
     "PENDING_FILE",
     "RUN_FILE",
     "TEMP_PREFIX",
+    "WRITTEN_FILE",
+    "written_record",
     "check_free",
     "check_held",
     "check_output_file",
@@ -54,6 +56,7 @@ __all__ = [
     "check_regular_file",
     "check_target",
     "file_mode",
+    "output_lock",
     "finish_pending",
     "folder_lock",
     "read_json",
@@ -72,6 +75,13 @@ recorded is someone's since, and is never replaced by recovery."""
 
 LOCK_WAIT = 60.0
 """Seconds a write waits for another process's write into the same folder before refusing."""
+
+WRITTEN_FILE = ".lola-files.json"
+"""What lola wrote into a folder: ``{"format": "lola-files", "files": {name: {"sha256": …,
+"writer": …}}}``, updated by every :func:`write_files` as the last file of its group (so the
+record and the files change together). A listed file whose content no longer has its recorded
+digest was changed by someone since: :func:`write_files` refuses to replace it (their edit
+would be lost). Record files appended to line by line (``samples.jsonl``) are not listed."""
 
 RUN_FILE = ".lola-run.json"
 """Who holds a folder for a whole run (:func:`run_lock`): its pid, command and start time."""
@@ -404,6 +414,52 @@ def _write_holder(holder: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+@contextmanager
+def output_lock(path: str | os.PathLike, writer: str) -> Iterator[None]:
+    """Hold one output (a file, or a folder written at once: an export) for a whole run: a
+    second run writing the same output is refused at once, naming it and the run that holds it
+    (else the later run silently replaces the first's result, or both extend one checkpoint).
+
+    The lock is a ``flock`` of ``.lola-run-<name>.json`` beside the output (released by the
+    system when the process dies: no stale lock), which also describes the holder; the file is
+    removed at the end. Where files cannot be locked, the run goes on unlocked.
+
+    Raises:
+        ValueError: another run holds the output.
+    """
+    target = Path(path)
+    holder = target.parent / f".lola-run-{target.name}.json"
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    if holder.is_symlink() or (holder.exists() and not holder.is_file()):
+        raise ValueError(f"{holder} is not a plain file; lola describes there the run writing {target}: remove it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(holder, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), file_mode())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                who = json.loads(os.read(fd, 4096).decode("utf-8"))
+                desc = f"{who['command']} (pid {who['pid']}, started {who['started']})"
+            except (OSError, ValueError, KeyError, TypeError):
+                desc = "another process"
+            raise ValueError(f"{writer}: {target} is being written by {desc}; wait for it to finish, or write to another place") from None
+        except OSError:  # pragma: no cover - flock not supported here
+            pass
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "command": writer, "started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n").encode(), 0)
+        try:
+            yield
+        finally:
+            holder.unlink(missing_ok=True)
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def check_free(folder: str | os.PathLike, writer: str) -> None:
     """Refuse ``folder`` if another run holds it now (:func:`run_lock`), before a command loads
     its model; the run itself takes the lock when it starts writing. A missing folder is free."""
@@ -527,6 +583,7 @@ def write_files(
     ours: Callable[[Path], bool] | None = None,
     writer: str = "lola",
     remove: Sequence[str] = (),
+    record: bool = True,
 ) -> list[Path]:
     """Write a group of files into ``folder``, each atomically, in the order given.
 
@@ -541,6 +598,8 @@ def write_files(
         ours: whether an existing file may be replaced (see :func:`check_target`).
         writer: who writes, for messages.
         remove: plain file names to delete once the group is in place (missing ones are fine).
+        record: list the files, with their digests, in the folder's :data:`WRITTEN_FILE` (off
+            for record files that are appended to afterwards).
 
     Returns:
         The paths written, in order.
@@ -565,6 +624,9 @@ def write_files(
     with folder_lock(folder, writer):
         finish_pending(folder)  # an earlier group write cut short: complete it before this one
         _reclaim_temporaries(folder)
+        written = written_record(folder)
+        for target in (*targets, *(folder / n for n in remove)):
+            _check_unchanged(target, written.get(target.name), writer)
         temps: list[Path] = []
         committed = False
         try:
@@ -591,8 +653,18 @@ def write_files(
                     raise OSError(err.errno, f"{writer} could not write it: {err.strerror}", target) from err
             for target in targets:
                 check_target(target, ours, writer)  # nothing swapped in while the files were written
-            renames = [[tmp.name, target.name, _file_state(target)] for tmp, target in zip(temps, targets)]
             stale = [name for name in remove if name not in files]
+            if record or any(n in written for n in (*files, *stale)):
+                for name, tmp in zip(files, temps):
+                    if record:
+                        written[name] = {"sha256": _sha256(tmp), "writer": writer}
+                    else:
+                        written.pop(name, None)
+                for name in stale:
+                    written.pop(name, None)
+                temps.append(_write_temp(folder, WRITTEN_FILE, json.dumps({"format": WRITTEN_FORMAT, "files": written}, indent=1) + "\n"))
+                targets = [*targets, folder / WRITTEN_FILE]
+            renames = [[tmp.name, target.name, _file_state(target)] for tmp, target in zip(temps, targets)]
             group = len(renames) > 1 or bool(stale)
             if group:  # the journal makes the group's renames all-or-nothing
                 _write_journal(folder, renames, stale)
@@ -605,7 +677,63 @@ def write_files(
                 for tmp in temps:
                     tmp.unlink(missing_ok=True)
     _sync_folder(folder)
-    return targets
+    return [t for t in targets if t.name != WRITTEN_FILE]
+
+
+WRITTEN_FORMAT = "lola-files"
+
+
+def written_record(folder: str | os.PathLike) -> dict[str, dict[str, str]]:
+    """``{name: {"sha256", "writer"}}`` of the files lola wrote into ``folder``
+    (:data:`WRITTEN_FILE`); empty when there is none. A record that is not lola's (or damaged)
+    is refused: it would hide which files are someone's."""
+    path = Path(folder) / WRITTEN_FILE
+    if not path.exists() and not path.is_symlink():
+        return {}
+    if path.is_symlink() or not path.is_file():
+        raise ValueError(f"{path} is not a plain file; lola records there what it wrote in the folder: remove it")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        files = data["files"] if data.get("format") == WRITTEN_FORMAT else None
+        ok = isinstance(files, dict) and all(
+            isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("writer"), str) for e in files.values()
+        )
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{path} is not lola's record of the files it wrote (damaged or someone's); move it away after checking the folder")
+    return {str(k): dict(v) for k, v in files.items()}
+
+
+def _check_unchanged(target: Path, entry: dict[str, str] | None, writer: str) -> None:
+    """Refuse to replace (or remove) a file lola wrote that someone changed since."""
+    if entry is None or not target.is_file() or target.is_symlink():
+        return
+    if _sha256(target) != entry["sha256"]:
+        raise ValueError(
+            f"{target} was written by {entry['writer']} and has changed since (its content is not the one {WRITTEN_FILE} records): "
+            f"{writer} would replace someone's edit; move it away (or restore it) and run again"
+        )
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_temp(folder: Path, name: str, text: str) -> Path:
+    """A synced temporary file in ``folder`` with ``text``, to be renamed to ``name``."""
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(name), dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp_name, file_mode())
+    _sync(Path(tmp_name))
+    return Path(tmp_name)
 
 
 def _file_state(path: Path) -> list[int] | None:

@@ -92,7 +92,7 @@ def open_record_file(path: str | os.PathLike, writer: str = "lola") -> IO[str]:
         from lola.io.outputs import write_files
 
         data = read_record_file(path, writer) or b""
-        write_files(path.parent, {path.name: data}, writer=writer)
+        write_files(path.parent, {path.name: data}, writer=writer, record=False)
         fd = _open_plain(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, writer)
     return os.fdopen(fd, "a", encoding="utf-8")
 
@@ -115,7 +115,7 @@ def drop_cut_record(path: str | os.PathLike, writer: str = "lola") -> bool:
         if os.fstat(f.fileno()).st_nlink > 1:  # a hard link: cut this folder's own copy, not every copy
             from lola.io.outputs import write_files
 
-            write_files(path.parent, {path.name: data[: data.rfind(b"\n") + 1]}, writer=writer)
+            write_files(path.parent, {path.name: data[: data.rfind(b"\n") + 1]}, writer=writer, record=False)
             return True
         f.truncate(data.rfind(b"\n") + 1)
         f.flush()

@@ -14,7 +14,7 @@ from lola.config import validation_summary
 from lola.eval.niah_report import summarize, summarize_by_depth
 from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
 from lola.io.provenance import versions
-from lola.io.records import complete_lines, read_record_file
+from lola.io.records import complete_lines, read_checked_records, read_record_file
 from lola.methods import method_name
 
 RESULTS_FORMAT = "lola-niah-results"
@@ -131,50 +131,11 @@ def sample_depth(index: int, samples: int) -> float:
 
 def _load_done(path: Path, run: NiahRun | None = None, prompts: dict | None = None) -> dict[tuple[str, int, int], dict]:
     """The finished samples in ``samples.jsonl``, each line checked by :class:`SampleRecord`
-    (against ``run`` and its ``prompts`` when given); a cut-short, foreign, out-of-range, edited
-    or repeated line is an error naming the file and the line. The file must be a plain file
-    (:func:`lola.io.records.read_record_file`)."""
-    from lola.errors import describe_validation
-    from lola.io.outputs import _unique_keys
-
-    done: dict[tuple[str, int, int], dict] = {}
-    data = read_record_file(path, "lola niah")
-    if data is None:
-        return done
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not a lola niah samples file: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    (against ``run`` and its ``prompts`` when given); a cut-short last line is dropped, a
+    foreign, out-of-range, edited or repeated line is an error naming the file and the line
+    (:func:`lola.io.records.read_checked_records`)."""
     context = {"run": run, "methods": list(method_configs(run)) if run is not None else None, "prompts": prompts}
-    lines: dict[tuple[str, int, int], int] = {}
-    # A last line without its newline was cut short by a kill: not a record (the run that
-    # resumes drops it and redoes that sample, lola.io.records).
-    for number, line in enumerate(complete_lines(text), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{path}: line {number} is not a JSON record ({err.msg}); delete that line and run again to redo that sample, or use another --out"
-            ) from None
-        except ValueError as err:  # a key given twice: json would keep the last silently
-            raise ValueError(f"{path}: line {number} is not a lola niah sample ({err}); delete that line to redo that sample, or use another --out") from None
-        try:
-            checked = SampleRecord.model_validate(rec, context=context)
-        except ValidationError as err:
-            raise ValueError(
-                f"{path}: line {number} is not a lola niah sample of this run ({describe_validation(err)}); delete that line to redo that sample, or use another --out"
-            ) from None
-        rec["method"] = checked.method  # today's name of a renamed method
-        key = (rec["method"], rec["length"], rec["index"])
-        if key in lines:  # two answers to one sample: neither can be trusted over the other
-            raise ValueError(
-                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong, or use another --out"
-            )
-        lines[key] = number
-        done[key] = rec
-    return done
+    return read_checked_records(path, SampleRecord, context, writer="lola niah", what="lola niah sample", hint="use another --out")
 
 
 def _is_results(data: Any) -> bool:

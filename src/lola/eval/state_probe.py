@@ -47,7 +47,7 @@ from pydantic import (
 
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs, run_inputs
 from lola.io.provenance import versions
-from lola.io.records import append_record, complete_lines, drop_cut_record, open_record_file, read_record_file
+from lola.io.records import append_record, drop_cut_record, open_record_file, read_checked_records, read_record_file
 from lola.methods import method_name
 
 __all__ = ["PROBE_FILE", "RECORDS_FILE", "format_probe", "needle_positions", "probe_prompt", "run_probe", "summarize_probe"]
@@ -188,48 +188,11 @@ class ProbeRecord(BaseModel):
 
 def _read_records(path: Path, run: NiahRun | None = None, methods: list[str] | None = None, prompts: dict | None = None) -> dict[tuple[str, int, int], dict]:
     """The finished records of ``path`` by ``(method, length, index)``, each checked by
-    :class:`ProbeRecord` against ``run``, its probed ``methods`` and its ``prompts`` when given.
-    A last line cut short by a kill is dropped (its sample runs again); any other line that is
-    unreadable, refused or that repeats a sample is an error naming the file and the line(s).
-    The file must be a plain file (:func:`lola.io.records.read_record_file`)."""
-    from lola.errors import describe_validation
-    from lola.io.outputs import _unique_keys
-
-    data = read_record_file(path, "lola probe")
-    if data is None:
-        return {}
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"{path} is not a lola probe records file: not UTF-8 text ({err.reason} at byte {err.start}); remove it or choose another --out"
-        ) from None
+    :class:`ProbeRecord` against ``run``, its probed ``methods`` and its ``prompts`` when given
+    (:func:`lola.io.records.read_checked_records`: a cut-short last line is dropped, any other bad
+    line is an error naming the file and the line)."""
     context = {"run": run, "methods": methods, "prompts": prompts}
-    out: dict[tuple[str, int, int], dict] = {}
-    lines: dict[tuple[str, int, int], int] = {}
-    for number, line in enumerate(complete_lines(text), 1):  # a last line cut short is no record
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line, object_pairs_hook=_unique_keys)
-        except (json.JSONDecodeError, ValueError) as err:
-            detail = err.msg if isinstance(err, json.JSONDecodeError) else str(err)
-            raise ValueError(f"{path}: line {number} is not a probe record ({detail}); delete that line to redo that sample, or choose another --out") from None
-        try:
-            checked = ProbeRecord.model_validate(r, context=context)
-        except ValidationError as err:
-            raise ValueError(
-                f"{path}: line {number} is not a probe record of this run ({describe_validation(err)}); delete that line to redo that sample, or choose another --out"
-            ) from None
-        r["method"] = checked.method  # today's name of a renamed method
-        key = (checked.method, checked.length, checked.index)
-        if key in lines:  # two answers to one sample: neither can be trusted over the other
-            raise ValueError(
-                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong, or choose another --out"
-            )
-        lines[key] = number
-        out[key] = r
-    return out
+    return read_checked_records(path, ProbeRecord, context, writer="lola probe", what="probe record", hint="choose another --out")
 
 
 def _run_differences(saved: object, run: NiahRun) -> str | None:

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["append_record", "complete_lines", "drop_cut_record", "open_record_file", "read_record_file"]
+__all__ = ["append_record", "complete_lines", "drop_cut_record", "open_record_file", "read_checked_records", "read_record_file"]
 
 
 def complete_lines(text: str) -> list[str]:
@@ -128,3 +128,62 @@ def append_record(log: IO[str], record: dict[str, Any]) -> None:
     log.write(json.dumps(record) + "\n")
     log.flush()
     os.fsync(log.fileno())
+
+
+def read_checked_records(
+    path: str | os.PathLike,
+    schema: Any,
+    context: dict[str, Any],
+    *,
+    writer: str,
+    what: str,
+    hint: str,
+) -> dict[tuple[str, int, int], dict]:
+    """The finished records of ``path`` by ``(method, length, index)``, each validated by the
+    pydantic model ``schema`` with ``context`` (its validators check the record against the run).
+
+    A last line cut short by a kill is no record (the run that resumes drops it and redoes that
+    sample). Any other line that is not JSON, has a key twice, is refused by ``schema`` or
+    repeats a sample is an error naming the file and the line(s), described as ``what`` (``"lola
+    niah sample"``) and ending with ``hint`` (what the user can do). The file must be a plain file
+    (:func:`read_record_file`); none gives ``{}``. Each record keeps its fields, with ``method``
+    by the name ``schema`` resolves it to (a renamed method reads by today's name).
+    """
+    from pydantic import ValidationError
+
+    from lola.errors import describe_validation
+    from lola.io.outputs import _unique_keys
+
+    data = read_record_file(path, writer)
+    if data is None:
+        return {}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a {writer} records file: not UTF-8 text ({err.reason} at byte {err.start}); {hint}") from None
+    done: dict[tuple[str, int, int], dict] = {}
+    lines: dict[tuple[str, int, int], int] = {}
+    for number, line in enumerate(complete_lines(text), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {number} is not a JSON record ({err.msg}); delete that line to redo that sample, or {hint}") from None
+        except ValueError as err:  # a key given twice: json would keep the last silently
+            raise ValueError(f"{path}: line {number} is not a {what} ({err}); delete that line to redo that sample, or {hint}") from None
+        try:
+            checked = schema.model_validate(record, context=context)
+        except ValidationError as err:
+            raise ValueError(
+                f"{path}: line {number} is not a {what} of this run ({describe_validation(err)}); delete that line to redo that sample, or {hint}"
+            ) from None
+        record["method"] = checked.method
+        key = (checked.method, checked.length, checked.index)
+        if key in lines:  # two answers to one sample: neither can be trusted over the other
+            raise ValueError(
+                f"{path}: line {number} repeats sample {key[2]} of {key[0]} at length {key[1]} (first on line {lines[key]}); delete the line that is wrong, or {hint}"
+            )
+        lines[key] = number
+        done[key] = record
+    return done

@@ -83,6 +83,7 @@ def method_config(
     policy: str | None = None,
     mixing: str | None = None,
     trained_maps: bool = False,
+    prefill_chunk: int | None = None,
     hybrid_window: Literal["budget", "window"] = "budget",
     overrides: Mapping[str, Any] | None = None,
 ) -> LoLAConfig | None:
@@ -94,6 +95,8 @@ def method_config(
         sparse_size: the ``lola`` method's sparse cache.
         sinks: pinned first tokens (every method but ``full``).
         chunk: tokens between select-and-evict steps (every method but ``full``).
+        prefill_chunk: tokens between steps within a call of many tokens (``schedule_kwargs``
+            of :class:`lola.schedules.Chunkwise`); ``None``: every ``chunk``.
         policy: the ``lola`` method's scoring policy (``None``: left unset, i.e. ``"sre"``).
         mixing: the mixing rule of ``lola``. ``None``: ``softmax_only``, or with ``trained_maps``
             left unset for :func:`lola.pretrained.resolve.resolve_mixing` to decide when the maps are loaded
@@ -124,7 +127,7 @@ def method_config(
     else:
         lola_mixing = {"mixing": mixing or "softmax_only"}
         hybrid_mixing = {"mixing": "lola_authors" if lola_mixing["mixing"] == "softmax_only" else lola_mixing["mixing"]}
-    common: dict[str, Any] = {"sinks": sinks, "chunk": chunk}
+    common: dict[str, Any] = {"sinks": sinks, "chunk": chunk, **({"schedule_kwargs": {"prefill_chunk": prefill_chunk}} if prefill_chunk is not None else {})}
     wide = window + sparse_size if hybrid_window == "budget" else window
     if method == "window":
         fields = {"window": wide, "sparse_size": 0, "mixing": "softmax_only", **common}
@@ -165,6 +168,13 @@ ExactDistanceOption = Annotated[
 StatePositionsOption = Annotated[
     Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None,
     Field(description="with bounded positions, the feature maps see positions below this (none: the maps' trained length, else the model's context)"),
+]
+PrefillChunkOption = Annotated[
+    Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None,
+    Field(
+        description="tokens between steps within a prefill (a multiple of --chunk; decoding still steps every chunk, and the cache "
+        "between calls holds the window of one chunk); none: every chunk"
+    ),
 ]
 POSITION_OPTIONS = ("positions", "exact_distance", "state_positions")
 """The names a run gives the position options (the :class:`~lola.LoLAConfig` fields they set)."""
@@ -249,7 +259,7 @@ NIAH_SCOPES: dict[str, OptionScope] = {
     "fold_copies": OptionScope(_LOLA, _fold_copies_idle),
     "budgets": OptionScope(_LOLA, neutral=("auto",)),
     # the window and hybrid methods keep window + sparse_size tokens in their window
-    **dict.fromkeys(("window", "sparse_size", "sinks", "chunk", "gqa_storage", *POSITION_OPTIONS), OptionScope(NOT_FULL)),
+    **dict.fromkeys(("window", "sparse_size", "sinks", "chunk", "prefill_chunk", "gqa_storage", *POSITION_OPTIONS), OptionScope(NOT_FULL)),
     "feature_maps": OptionScope(NOT_FULL, neutral=("none", "auto", None)),
     "mixing": OptionScope(("hybrid", "lola")),  # the window method reads its exact tokens alone
 }
@@ -259,7 +269,7 @@ PERPLEXITY_SCOPES: dict[str, OptionScope] = {
     # the hybrid keeps its window alone here (hybrid_window="window"): the sparse cache is lola's
     **dict.fromkeys(("policy", "linear_decay", "linear_share_cap", "linear_share_cap_from", "sparse_size"), OptionScope(_LOLA)),
     "budgets": OptionScope(_LOLA, neutral=("uniform",)),
-    **dict.fromkeys(("window", "sinks", "chunk", "mixing", *POSITION_OPTIONS), OptionScope(("hybrid", "lola"))),
+    **dict.fromkeys(("window", "sinks", "chunk", "prefill_chunk", "mixing", *POSITION_OPTIONS), OptionScope(("hybrid", "lola"))),
     "feature_maps": OptionScope(("hybrid", "lola"), neutral=("none", None)),
     "generate_windows": OptionScope(idle=lambda run: None if run.generate else "it sets the windows continued for the repetition check, and --generate is 0"),
 }

@@ -27,6 +27,11 @@ class UpdateSchedule(Protocol):
 
     Attributes:
         period: the most tokens that can arrive between two steps (sizes the window buffer).
+
+    A schedule may also step less often inside a call of many tokens (a prefill), as
+    :class:`Chunkwise` does with ``prefill_chunk``: it then has an int ``prefill_period`` above
+    ``period`` and ``prefill_until_step(seen, remaining)``, whose steps leave fewer than ``period``
+    tokens waiting when the call ends (the window holds ``prefill_period`` during the call only).
     """
 
     period: int
@@ -44,22 +49,56 @@ class Chunkwise:
     Between steps (decoding, or a prefill whose length is not a multiple of ``C``) new tokens
     wait in the window's buffer: nothing is padded.
 
+    With ``prefill_chunk = P`` (a multiple of ``C``), a call that brings many tokens at once (a
+    prefill) steps only after positions ``P−1, 2P−1, …`` and after its last position
+    ``mC−1``; decoding steps every ``C`` tokens as before. Every step still falls after a multiple
+    of ``C``, and a call leaves fewer than ``C`` tokens waiting, so the state between calls has
+    the window buffer of ``C`` (the cache's bytes are those of ``Chunkwise(C)``); during the
+    call the window holds up to ``P`` waiting tokens (:meth:`prefill_until_step`). Which steps
+    run depends on how the stream is cut into calls: one prefill of ``T`` tokens and the same
+    tokens in two calls may step at different positions (both are steps of ``Chunkwise(C)``).
+
     Args:
         chunk: ``C >= 1``; the LoLA authors use ``C = η``.
+        prefill_chunk: ``P``, a multiple of ``C``, or ``None`` (``P = C``: every call steps
+            every ``C`` tokens).
     """
 
     chunk: int
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.chunk, int) or self.chunk < 1:
+        if not isinstance(self.chunk, int) or isinstance(self.chunk, bool) or self.chunk < 1:
             raise ValueError(f"chunk must be an integer >= 1, got {self.chunk!r}")
+        p = self.prefill_chunk
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < self.chunk or p % self.chunk or p > MAX_TOKENS):
+            raise ValueError(f"prefill_chunk must be a multiple of chunk ({self.chunk}) in {self.chunk}..{MAX_TOKENS}, or None, got {p!r}")
 
     @property
     def period(self) -> int:
         return self.chunk
 
+    def __repr__(self) -> str:  # the plain schedule's repr as before (specs and records compare it)
+        extra = f", prefill_chunk={self.prefill_chunk}" if self.prefill_chunk is not None else ""
+        return f"Chunkwise(chunk={self.chunk}{extra})"
+
+    @property
+    def prefill_period(self) -> int:
+        """The most tokens between two steps within a call of many tokens (``P``)."""
+        return self.prefill_chunk or self.chunk
+
     def tokens_until_step(self, seen: torch.Tensor) -> torch.Tensor:
         return self.chunk - seen % self.chunk
+
+    def prefill_until_step(self, seen: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+        """``[B]`` int64 tokens until the next step of a call with ``remaining [B]`` tokens left
+        after ``seen [B]``: the next multiple of ``P``, or the call's last multiple of ``C`` if
+        that comes first; past ``remaining`` when no multiple of ``C`` is left in the call (the
+        tokens then wait for the next one)."""
+        c, p = self.chunk, self.prefill_period
+        end = seen + remaining
+        last = end - end % c  # the step after position last - 1: the call's last multiple of C
+        return torch.where(last > seen, torch.minimum(p - seen % p, last - seen), c - seen % c)
 
 
 @dataclass(frozen=True)
@@ -130,8 +169,8 @@ def build(name: str, chunk: int, **kwargs: Any) -> UpdateSchedule:
 
 
 @register("chunkwise")
-def _chunkwise(chunk: int) -> Chunkwise:
-    return Chunkwise(chunk)
+def _chunkwise(chunk: int, prefill_chunk: int | None = None) -> Chunkwise:
+    return Chunkwise(chunk, prefill_chunk)
 
 
 @register("tokenwise")

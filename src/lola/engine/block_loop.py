@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from lola.engine.decode_read import DecodeRead
-from lola.engine.row_counts import ask_schedule, check_until
+from lola.engine.row_counts import ask_prefill, ask_schedule, check_until
 from lola.engine.segment_reads import SegmentReads, gather_tokens
 from lola.engine.select_step import FeatureFn, step
 from lola.engine.state import LayerState, Written
@@ -50,6 +50,13 @@ def run_blocks(
     """
     b, t, device = q.shape[0], k.shape[2], k.device
     state.written = Written()
+    # A call of many tokens may step less often than decoding (the schedule's prefill period):
+    # the window holds that many waiting tokens during the call, and the schedule's period again
+    # after it (its last step leaves fewer waiting).
+    prefill = state.prefill_period(t)
+    if prefill is not None:
+        state.resize_window(prefill)
+        state.counts.due = None
     # Packed index of each row's next token, and whether the row's last token stepped (its
     # query then waits for the state after the step).
     offset: int | torch.Tensor = 0 if host else torch.zeros(b, dtype=torch.long, device=device)
@@ -57,7 +64,12 @@ def run_blocks(
     remaining = None if host else valid.sum(dim=1)
     while (offset < t) if host else bool((remaining > 0).any()):
         if host:
-            dues = state.counts.host_due(state.schedule)
+            if prefill is None:
+                dues = state.counts.host_due(state.schedule)
+            else:
+                dues = ask_prefill(state.schedule, torch.tensor(state.counts.host_seen(), dtype=torch.long), torch.full((b,), t - offset, dtype=torch.long))
+                dues = dues.tolist()
+                check_until(state.schedule, min(dues), max(dues), prefill)
             L = min(min(dues), t - offset)
             steps = [d == L for d in dues]
             length, any_step = L, any(steps)
@@ -66,13 +78,13 @@ def run_blocks(
             active = None
             k_c, v_c = k.narrow(2, offset, L), v.narrow(2, offset, L)
         else:
-            due = ask_schedule(state.schedule, state.seen)
+            due = ask_schedule(state.schedule, state.seen) if prefill is None else ask_prefill(state.schedule, state.seen, remaining)
             length = torch.minimum(due, remaining)
             stepping = (length == due) & (length > 0)
             # One device read for the block's length, whether a step falls in it and the
             # schedule's range (an answer of 0 would make empty blocks forever).
             L, any_step, lo, hi = torch.stack([length.max(), stepping.any().long(), due.min(), due.max()]).tolist()
-            check_until(state.schedule, lo, hi)
+            check_until(state.schedule, lo, hi, prefill)
             L, any_step = int(L), bool(any_step)
             j = torch.arange(L, device=device)
             active = j[None, :] < length[:, None]  # [B, L]
@@ -82,7 +94,7 @@ def run_blocks(
 
         q_c = (q.narrow(2, offset, L) if host else gather_tokens(q, idx)) if state.queries is not None else None
         write_block(state, k_c, v_c, pos, length, q_c, active)
-        if host:  # the countdowns go on without asking the schedule, which is asked at a step
+        if host and prefill is None:  # the countdowns go on without asking the schedule, which is asked at a step
             state.counts.due = [d - L for d in dues] if not any_step else state.counts.host_due(state.schedule)
         # The carried query and this block's queries up to (not including) a stepping one.
         stepped = int(any_step) if host else stepping.long()
@@ -93,6 +105,9 @@ def run_blocks(
         if not host:
             remaining = remaining - length
     reads.add(offset - carried, carried)  # a step on the last token: its query reads the state after it
+    if prefill is not None:
+        state.counts.due = None  # asked of the schedule again at the next call
+        state.resize_window(state.schedule.period)
     if state.binding is not None:
         if isinstance(reads, SegmentReads):
             reads.flush()  # a waiting read may hold the pages themselves: read before they change

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["RowCounts", "ask_schedule", "check_until"]
+__all__ = ["RowCounts", "ask_prefill", "ask_schedule", "check_until"]
 
 
 class RowCounts:
@@ -71,29 +71,39 @@ def ask_schedule(schedule: object, seen: torch.Tensor) -> torch.Tensor:
     failure, or an answer that is not an integer tensor shaped and placed like ``seen [B]``, is
     an error naming the schedule. Only metadata is read here (no device sync); the values are
     checked by :func:`check_until` with the read the caller already makes."""
+    return _ask(schedule, "tokens_until_step", seen)
+
+
+def ask_prefill(schedule: object, seen: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+    """``schedule.prefill_until_step(seen, remaining)`` (a call of many tokens, ``remaining [B]``
+    left), checked as :func:`ask_schedule` checks its answer."""
+    return _ask(schedule, "prefill_until_step", seen, remaining)
+
+
+def _ask(schedule: object, method: str, seen: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
     try:
-        until = schedule.tokens_until_step(seen)
+        until = getattr(schedule, method)(seen, *more)
     except (MemoryError, torch.OutOfMemoryError):  # not the schedule's fault: kept as it is
         raise
     except Exception as err:
-        raise RuntimeError(f"schedule {schedule!r} failed in tokens_until_step(): {type(err).__name__}: {err}") from err
+        raise RuntimeError(f"schedule {schedule!r} failed in {method}(): {type(err).__name__}: {err}") from err
     expected = f"an integer tensor [B] = {tuple(seen.shape)} on {seen.device}"
     if not isinstance(until, torch.Tensor):
-        raise TypeError(f"schedule {schedule!r} returned {type(until).__name__} {until!r} from tokens_until_step(), expected {expected}")
+        raise TypeError(f"schedule {schedule!r} returned {type(until).__name__} {until!r} from {method}(), expected {expected}")
     if until.dtype == torch.bool or until.is_floating_point() or until.is_complex():
-        raise TypeError(f"schedule {schedule!r} returned {until.dtype} from tokens_until_step(), expected {expected} (a whole number of tokens)")
+        raise TypeError(f"schedule {schedule!r} returned {until.dtype} from {method}(), expected {expected} (a whole number of tokens)")
     if until.shape != seen.shape:
-        raise ValueError(f"schedule {schedule!r} returned shape {tuple(until.shape)} from tokens_until_step(), expected {expected}")
+        raise ValueError(f"schedule {schedule!r} returned shape {tuple(until.shape)} from {method}(), expected {expected}")
     if until.device != seen.device:
-        raise ValueError(f"schedule {schedule!r} returned a tensor on {until.device} from tokens_until_step(), expected {expected}")
+        raise ValueError(f"schedule {schedule!r} returned a tensor on {until.device} from {method}(), expected {expected}")
     return until
 
 
-def check_until(schedule: object, lo: int, hi: int) -> None:
-    """Refuse a schedule whose answers (``lo..hi`` over the rows) leave ``1..period``: with 0 no
-    block would ever end, beyond the period the window would overflow. Every path that asks the
-    schedule checks here."""
-    period = schedule.period
+def check_until(schedule: object, lo: int, hi: int, period: int | None = None) -> None:
+    """Refuse a schedule whose answers (``lo..hi`` over the rows) leave ``1..period`` (its
+    ``period``, or the prefill period given): with 0 no block would ever end, beyond the period
+    the window would overflow. Every path that asks the schedule checks here."""
+    period = schedule.period if period is None else period
     if lo < 1 or hi > period:
         bad = lo if lo < 1 else hi
         raise ValueError(f"schedule {schedule!r} returned {bad} tokens until its step, expected 1..{period} (its period)")

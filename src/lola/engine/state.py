@@ -427,6 +427,28 @@ class LayerState:
         start = ((first + 1) // period * period - 1).clamp_min(0)
         return bounded.exact_keys(k, pos, start)
 
+    def prefill_period(self, tokens: int) -> int | None:
+        """The period of a call of ``tokens`` tokens that steps less often than the schedule's
+        (its ``prefill_period``, :class:`lola.schedules.Chunkwise`'s ``prefill_chunk``), or
+        ``None``: the call steps every ``period``. ``None`` for a single token, a state bound
+        to pages (their window has the period's slots) or a window that cannot grow."""
+        big = getattr(self.schedule, "prefill_period", None)
+        if tokens <= 1 or not isinstance(big, int) or big <= self.schedule.period or self.binding is not None:
+            return None
+        return big if callable(getattr(self.window, "resize_pending", None)) else None
+
+    def resize_window(self, max_pending: int) -> None:
+        """Give the window room for ``max_pending`` waiting tokens (a prefill's chunk, then the
+        schedule's period again): its held tokens move to their ring slots of the new capacity
+        (:meth:`lola.memory.SlidingWindow.resize_pending`), the layer's other slots stay."""
+        window = self.window
+        if window.max_pending == max_pending:
+            return
+        moved = window.resize_pending(max_pending)
+        if binds_buffer(window):
+            self.slots.resize(window.name, window.capacity, moved)
+            window.bind(self.slots)
+
     def release_snapshots(self) -> None:
         """No deferred read holds the slots or the linear state any more: writes go in place again."""
         self.slots.shared = self.slots.run_shared = False

@@ -21,6 +21,7 @@ from lola.methods import (
     LinearShareCapFromOption,
     LinearShareCapOption,
     PositionsOption,
+    PrefillChunkOption,
     StatePositionsOption,
     linear_state_options,
     method_config,
@@ -80,6 +81,7 @@ class NiahRun(BaseModel):
     sparse_size: Tokens = Field(192, description="sparse cache of the lola method (per K/V head on average with budgets)")
     sinks: Tokens = Field(4, description="pinned first tokens")
     chunk: StrictInt = Field(64, ge=1, le=MAX_TOKENS, description="tokens between select-and-evict steps")
+    prefill_chunk: PrefillChunkOption = None
     # Training-free (untrained identity Hedgehog map), softmax_only recalled more than
     # lola_authors (docs/results.md, "Pass-key retrieval, training-free").
     # None: softmax_only, or with feature_maps lola.pretrained.resolve's default (lola_authors for LoLA, the
@@ -368,7 +370,13 @@ def method_configs(run: NiahRun) -> dict[str, LoLAConfig | None]:
     once per variant (``lola-<name>``)."""
     # With trained feature maps an unset mixing rule is decided when they are loaded (lola.pretrained.resolve).
     settings = dict(
-        window=run.window, sparse_size=run.sparse_size, sinks=run.sinks, chunk=run.chunk, mixing=run.mixing, trained_maps=run.feature_maps is not None
+        window=run.window,
+        sparse_size=run.sparse_size,
+        sinks=run.sinks,
+        chunk=run.chunk,
+        prefill_chunk=run.prefill_chunk,
+        mixing=run.mixing,
+        trained_maps=run.feature_maps is not None,
     )
     common = {"gqa_storage": run.gqa_storage, **position_options(run)}
     # The lola method's linear-state options (and its variants', unless they set their own).

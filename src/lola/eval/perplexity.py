@@ -31,6 +31,7 @@ from lola.methods import (
     LinearShareCapFromOption,
     LinearShareCapOption,
     PositionsOption,
+    PrefillChunkOption,
     StatePositionsOption,
     holds_length,
     linear_state_options,
@@ -63,6 +64,7 @@ class PerplexityRun(BaseModel):
     # mixing rule (docs/results.md, "The paper's rule: LoLA on the shipped hybrid, measured to the end").
     sinks: Tokens = Field(4, description="pinned first tokens")
     chunk: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = Field(64, description="tokens between select-and-evict steps")
+    prefill_chunk: PrefillChunkOption = None
     policy: str = Field("sre", description="scoring policy of the lola method")
     linear_decay: LinearDecayOption = None
     linear_share_cap: LinearShareCapOption = None
@@ -133,6 +135,7 @@ def perplexity_configs(run: PerplexityRun) -> dict[str, LoLAConfig | None]:
             sparse_size=run.sparse_size,
             sinks=run.sinks,
             chunk=run.chunk,
+            prefill_chunk=run.prefill_chunk,
             policy=run.policy,
             mixing=run.mixing if run.mixing is not None or trained else "lola_authors",
             trained_maps=trained,

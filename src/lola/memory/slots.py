@@ -80,6 +80,32 @@ class SlotBuffer:
             _empty(batch, 1, self.offsets[-1], head_dim, dtype, device, track_attention) if self.ragged_name else None,
         )
 
+    def resize(self, name: str, width: int, block: KVBlock | None = None) -> None:
+        """Give the last dense region, ``name``, ``width`` slots holding ``block [B, Hs, width, ·]``
+        (required once allocated); the other regions keep their slots. New tensors: a snapshot
+        or autograd keeps the old ones.
+
+        Raises:
+            ValueError: ``name`` is not the last dense region, or ``block`` is missing or of
+                another width.
+        """
+        a, b = self.regions.get(name, (0, -1))
+        if b != self.width:
+            raise ValueError(f"{self!r} resizes its last dense region only, not {name!r}")
+        if self.whole is not None:
+            if block is None or block.pos.shape[-1] != width:
+                raise ValueError(f"region {name!r} of {width} slots needs its block of {width} slots")
+            w = self.whole
+            fields = {}
+            for f in ("k", "v", "pos", "acc"):
+                old = getattr(w, f)
+                fields[f] = None if old is None else torch.cat([old[:, :, :a], getattr(block, f).to(old.dtype)], dim=2)
+            self.whole = KVBlock(**fields)
+            self._views = {k: v for k, v in self._views.items() if k == self.ragged_name}
+            self.shared = False
+        self.regions[name] = (a, a + width)
+        self.width = a + width
+
     def reset(self) -> None:
         """Free the storage (the next allocation starts afresh)."""
         self.whole = self.run = None

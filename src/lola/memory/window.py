@@ -154,6 +154,39 @@ class SlidingWindow(ExactStore):
             out = out.gather(torch.argsort((~leaving).to(torch.uint8), dim=-1, stable=True)[..., :m])
         return out
 
+    def resize_pending(self, max_pending: int) -> KVBlock | None:
+        """Room for ``max_pending`` tokens between steps (a call that steps less often holds
+        more): the capacity becomes ``size + max_pending`` and the held tokens move to their ring
+        slots of it. Returns the slots re-placed, ``[B, Hs, capacity, ·]`` (``None`` before
+        allocation), for the owner of a bound store's buffer to hold (:meth:`lola.memory.slots.SlotBuffer.resize`).
+
+        Raises:
+            ValueError: ``max_pending < 1``.
+            RuntimeError: more tokens are held than the new capacity has slots.
+        """
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
+        cap = self.size + max_pending
+        block = self.block
+        moved = None
+        if block is not None:
+            held = int(block.valid.sum(-1).max()) if block.pos.numel() else 0
+            if held > cap:
+                raise RuntimeError(f"SlidingWindow holds {held} tokens, more than the {cap} slots of size {self.size} + max_pending {max_pending}")
+            idx = torch.where(block.valid, block.pos % cap, cap)
+            b, hs, _ = block.pos.shape
+            empty = lambda t, fill: torch.full((b, hs, cap, *t.shape[3:]), fill, dtype=t.dtype, device=t.device)  # noqa: E731
+            moved = KVBlock(
+                _put(empty(block.k, 0), idx, block.k),
+                _put(empty(block.v, 0), idx, block.v),
+                _put(empty(block.pos, EMPTY), idx, block.pos),
+                None if block.acc is None else _put(empty(block.acc, 0), idx, block.acc),
+            )
+        self.max_pending, self.capacity = max_pending, cap
+        if self._slots is None and moved is not None:
+            self.block = moved
+        return moved
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore a saved window; tokens are placed in their ring slots (a state saved with
         another slot order loads the same)."""

@@ -24,7 +24,11 @@ class LoLAModelConfig(VerifyAndUpdateConfig):
         hf_config = vllm_config.model_config.hf_config
         context = getattr(hf_config, "max_position_embeddings", None)
         max_len = vllm_config.model_config.max_model_len
-        if resolve_config(getattr(hf_config, "lola", None)).positions != "bounded" and isinstance(context, int) and max_len > context:
+        from lola.integrations.transformers.export import check_vllm_schedule
+
+        lola_config = resolve_config(getattr(hf_config, "lola", None))
+        check_vllm_schedule(lola_config)
+        if lola_config.positions != "bounded" and isinstance(context, int) and max_len > context:
             raise ValueError(
                 f"max_model_len {max_len} is past the model's {context} positions, which LoLA with absolute positions cannot read: "
                 "serve a config with positions='bounded' (lola export --vllm writes one from it) or max_model_len <= "

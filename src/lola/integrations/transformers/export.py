@@ -120,6 +120,8 @@ def export_pretrained(
     plain.load_state_dict(weights)
     apply_lola(plain, config if config is not None else LoLAConfig(), feature_maps=feature_maps)
     bounded = plain._lola.config.positions == "bounded"
+    if vllm:
+        check_vllm_schedule(plain._lola.config)
     plain.to(_DTYPES[dtype])
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".lola-export-", dir=out) as tmp:
@@ -136,3 +138,19 @@ def export_pretrained(
         names.sort(key=lambda name: name == "config.json")  # the file that makes the folder a model: last
         files = {name: (lambda dst, src=Path(tmp) / name: shutil.copyfile(src, dst)) for name in names}
         return write_files(out, files, writer="lola export")  # the folder as a whole was checked above
+
+
+def check_vllm_schedule(config: LoLAConfig) -> None:
+    """Refuse a schedule that steps less often in a prefill (``prefill_chunk``) for vLLM: its
+    pages hold the window of the decode chunk, so the plug-in would step every chunk and the
+    option would do nothing.
+
+    Raises:
+        ValueError: naming the option.
+    """
+    prefill = config.schedule_kwargs.get("prefill_chunk")
+    if prefill is not None and prefill != config.chunk:
+        raise ValueError(
+            f"schedule_kwargs prefill_chunk={prefill}: the vLLM plug-in steps every chunk ({config.chunk}) in prefill too "
+            "(its pages hold the window of one chunk); export for vLLM without prefill_chunk"
+        )

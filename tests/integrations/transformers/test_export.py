@@ -88,3 +88,15 @@ def test_bounded_positions_export_for_transformers_and_for_vllm(tmp_path):
     assert (saved["lola"]["config"]["exact_distance"], saved["lola"]["config"]["state_positions"]) == (8192 - 4, 8192)
     export_pretrained(model, tok, tmp_path / "vllm-absolute", CFG, vllm=True)
     assert "model_max_length" not in json.loads((tmp_path / "vllm-absolute" / "config.json").read_text())
+
+
+def test_a_prefill_chunk_is_refused_for_vllm_and_kept_for_transformers(tmp_path):
+    """vLLM's pages hold the window of one decode chunk, so its plug-in steps every chunk: an
+    export for it with a prefill chunk is refused rather than served without it."""
+    model, tok = tiny_random()
+    prefill = CFG.model_copy(update={"schedule_kwargs": {"prefill_chunk": 8}})
+    with pytest.raises(ValueError, match="prefill_chunk=8: the vLLM plug-in steps every chunk"):
+        export_pretrained(model, tok, tmp_path / "vllm", prefill, vllm=True)
+    assert not (tmp_path / "vllm" / "config.json").exists()
+    export_pretrained(model, tok, tmp_path / "out", prefill)
+    assert from_pretrained(tmp_path / "out")._lola.config.schedule_kwargs == {"prefill_chunk": 8}

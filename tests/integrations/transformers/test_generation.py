@@ -196,3 +196,19 @@ def test_input_ids_a_model_cannot_embed_are_refused_by_name(ids, error, match):
         model(ids)
     with torch.no_grad():
         model(torch.tensor([[0, 100, 7]]))  # the vocabulary's ends are fine
+
+
+def test_generate_with_a_prefill_chunk_reads_each_row_as_alone_in_the_bytes_of_the_decode_chunk():
+    """generate()'s prefill steps every prefill chunk, its decoding every chunk: a left-padded
+    batch generates what each row generates alone, and the cache holds the bytes of the plain
+    chunk's."""
+    model = apply_lola(tiny("llama"), SMALL.model_copy(update={"schedule_kwargs": {"prefill_chunk": 12}}))
+    ids, mask = left_padded(length=40)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=9, do_sample=False, return_dict_in_generate=True)
+        for row in range(ids.shape[0]):
+            alone = model.generate(ids[row : row + 1, mask[row].bool()], max_new_tokens=9, do_sample=False)
+            assert torch.equal(alone[0, -9:], out.sequences[row, -9:]), row
+        plain = apply_lola(tiny("llama"), SMALL)
+        base = plain.generate(ids, attention_mask=mask, max_new_tokens=9, do_sample=False, return_dict_in_generate=True)
+    assert out.past_key_values.nbytes() == base.past_key_values.nbytes()

@@ -1,6 +1,6 @@
 """Prefill and decode speed and cache size of LoLA vs stock transformers on SmolLM2-135M-Instruct.
 
-    python benchmarks/generate.py [--contexts 1024 4096 8192 16384] [--decode 16] [--configs uniform calibrated]
+    python benchmarks/generate.py [--contexts 1024 4096 8192 16384] [--decode 16] [--configs uniform calibrated] [--prefill-chunk 256]
 
 Methods: stock (SDPA attention + DynamicCache) and LoLA (apply_lola + LoLACache, SRE) in each
 of ``--configs``: ``uniform`` and ``calibrated`` are the lola method as ``lola niah`` runs it
@@ -9,7 +9,8 @@ model's shipped calibrated budgets (the same slots; the running state holds more
 ``benchmarks/state_bytes.py``); ``small`` is window 64, sparse 64 (the
 figures of docs/performance.md before 2026-12-02). For each method the context is built up by
 prefill in 1,024-token segments; at each context length, ``--decode`` greedy tokens are timed
-one by one.
+one by one. ``--prefill-chunk P`` gives the LoLA configs a prefill that steps every ``P``
+tokens (decoding still every chunk; ``Chunkwise(64, prefill_chunk=P)``).
 Prefill throughput at a context is that of the 1,024-token segment ending there (the first
 segment for 1024; the segment from 15K to 16K for 16384). Prints tokens/s, ms/token and cache
 bytes per context, then the ratios LoLA vs stock at the smallest and the largest context, and
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--configs", nargs="+", choices=("uniform", "calibrated", "small"), default=["uniform", "calibrated"], help="LoLA configs to time")
+    parser.add_argument("--prefill-chunk", type=int, help="tokens between steps within a prefill segment (a multiple of 64; default: every 64)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,6 +89,8 @@ def main() -> None:
     results = {}
     for name in args.configs:
         cfg = lola_config(name, args.model)
+        if args.prefill_chunk is not None:
+            cfg = cfg.model_copy(update={"schedule_kwargs": {"prefill_chunk": args.prefill_chunk}})
         apply_lola(model, cfg)
         print(describe(name, cfg))
         results[name] = run(model, ids, contexts, args.decode, lambda: LoLACache(model), lambda c: c.nbytes())
@@ -123,7 +127,7 @@ def lola_config(name: str, model: str) -> lola.LoLAConfig:
 
 
 def describe(name: str, cfg: lola.LoLAConfig) -> str:
-    sizes = cfg.model_dump_json(include={"window", "sparse_size", "sinks", "chunk", "policy"})
+    sizes = cfg.model_dump_json(include={"window", "sparse_size", "sinks", "chunk", "schedule_kwargs", "policy"})
     return f"lola {name} ({sizes}{', per-head sparse sizes in ' + str(len(cfg.layer_overrides)) + ' layers' if cfg.layer_overrides else ''})"
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How many operations one LoLA layer calls per block of prefill and per decoded token.
 
-    python benchmarks/op_count.py [--chunk 64] [--policy sre|learned|...] [--mixing softmax_only|lola_authors|lolcats]
+    python benchmarks/op_count.py [--chunk 64] [--prefill-chunk 256] [--policy sre|learned|...] [--mixing softmax_only|lola_authors|lolcats]
                                   [--tokens 1024] [--decode 64] [--top 15]
 
 On two CPU cores the engine's step is bound by the number of small operations it calls, not by
@@ -60,8 +60,10 @@ def count(fn) -> tuple[collections.Counter, collections.Counter]:
     return functions.counts, operators.counts
 
 
-def layer(chunk: int, policy: str, mixing: str) -> lola.LoLAAttention:
+def layer(chunk: int, policy: str, mixing: str, prefill_chunk: int | None = None) -> lola.LoLAAttention:
     kwargs = {"policy_kwargs": {"scorer": "smollm2-135m-instruct"}} if policy == "learned" else {}
+    if prefill_chunk is not None:
+        kwargs["schedule_kwargs"] = {"prefill_chunk": prefill_chunk}
     cfg = lola.LoLAConfig(window=60, sparse_size=192, sinks=4, chunk=chunk, policy=policy, mixing=mixing, feature_map="hedgehog", feature_dim=64, **kwargs)
     torch.manual_seed(0)
     return lola.compose(cfg, num_heads=9, head_dim=64, num_kv_heads=3, layer=10).eval()  # (the learned scorer reads its layer)
@@ -70,13 +72,14 @@ def layer(chunk: int, policy: str, mixing: str) -> lola.LoLAAttention:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--prefill-chunk", type=int, help="tokens between steps within the prefill (a multiple of --chunk; default: --chunk)")
     parser.add_argument("--policy", default="sre")
     parser.add_argument("--mixing", default="lola_authors", choices=("softmax_only", "lola_authors", "lolcats"))
     parser.add_argument("--tokens", type=int, default=1024, help="prefill tokens (a multiple of the chunk)")
     parser.add_argument("--decode", type=int, default=64, help="decoded tokens after the prefill (a multiple of the chunk)")
     parser.add_argument("--top", type=int, default=15, help="operators listed per phase")
     args = parser.parse_args()
-    attn = layer(args.chunk, args.policy, args.mixing)
+    attn = layer(args.chunk, args.policy, args.mixing, args.prefill_chunk)
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, args.tokens + args.decode, 9, 64, generator=gen)
     k = torch.randn(1, args.tokens + args.decode, 3, 64, generator=gen)
@@ -94,9 +97,10 @@ def main() -> None:
         for t in range(n, n + args.decode):
             _, state = attn(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], state=state)
 
-    blocks = n / args.chunk
-    print(f"one layer (H=9, H_kv=3, D=64; window 60, sparse 192, sinks 4, chunk {args.chunk}, {args.policy}, {args.mixing})")
-    for name, fn, per, unit in (("prefill", prefill, blocks, f"per {args.chunk}-token block"), ("decode", decode, args.decode, "per token")):
+    block = args.prefill_chunk or args.chunk
+    prefill_chunk = f", prefill chunk {args.prefill_chunk}" if args.prefill_chunk else ""
+    print(f"one layer (H=9, H_kv=3, D=64; window 60, sparse 192, sinks 4, chunk {args.chunk}{prefill_chunk}, {args.policy}, {args.mixing})")
+    for name, fn, per, unit in (("prefill", prefill, n / block, f"per {block}-token block"), ("decode", decode, args.decode, "per token")):
         functions, operators = count(fn)
         print(f"\n{name}: {sum(functions.values()) / per:.0f} PyTorch calls and {sum(operators.values()) / per:.0f} ATen operators {unit}")
         print("  most called operators: " + ", ".join(f"{op.split('.')[-1]} {c / per:.1f}" for op, c in operators.most_common(args.top)))

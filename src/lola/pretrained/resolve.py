@@ -189,7 +189,9 @@ def resolve_positions(config: LoLAConfig, model_positions: int | None, trained_l
     known = type(model_positions) is int and model_positions > 0
     from lola.schedules import build as build_schedule
 
-    period = build_schedule(config.schedule, chunk=config.chunk, **config.schedule_kwargs).period
+    schedule = build_schedule(config.schedule, chunk=config.chunk, **config.schedule_kwargs)
+    # the most tokens between two steps: a prefill's block (prefill_chunk) reads at one position too
+    period = max(schedule.period, getattr(schedule, "prefill_period", schedule.period))
     if config.exact_distance is None:
         # a read sees distances up to exact_distance + period - 1: within the model's context
         most = model_positions - period if known else None

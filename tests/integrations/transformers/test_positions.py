@@ -136,3 +136,14 @@ def test_bounded_limits_past_the_model_s_context_are_refused():
         resolve_positions(cfg.model_copy(update={"exact_distance": 57}), 64)
     with pytest.raises(ValueError, match=r"state_positions 65 is past the model's 64 positions"):
         resolve_positions(cfg.model_copy(update={"state_positions": 65}), 64)
+
+
+def test_a_prefill_chunk_keeps_bounded_reads_inside_the_model_s_context():
+    """A prefill block of P tokens reads at one position, so exact reads see distances up to
+    exact_distance + P - 1: the limit left unset and the refusal both count P."""
+    from lola.pretrained.resolve import resolve_positions
+
+    cfg = lola.LoLAConfig(window=8, sparse_size=8, chunk=8, positions="bounded", schedule_kwargs={"prefill_chunk": 32})
+    assert resolve_positions(cfg, 128).exact_distance == 128 - 32
+    with pytest.raises(ValueError, match=r"exact_distance 97 lets exact reads see distances up to 128, .* at most 96"):
+        resolve_positions(cfg.model_copy(update={"exact_distance": 97}), 128)

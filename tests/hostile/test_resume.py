@@ -1052,3 +1052,24 @@ def test_a_probe_whose_records_file_is_a_link_or_a_fifo_is_refused(kind, probed,
     with _within(60):
         refused(capsys, [*PROBE, "--out", str(out)], str(out / "probe.jsonl"), "a symbolic link" if kind == "link" else "a FIFO", "another --out")
     assert precious.read_text() == '{"mine": 1}\n'
+
+
+def test_niah_resume_whose_options_now_give_other_configs_is_refused(tmp_path, capsys, monkeypatch):
+    """The same options resolve to other configs when lola's defaults change between the start
+    and the resume: the saved samples are of another method under the same name."""
+    import lola.eval.niah_execution as execution
+
+    assert _niah(tmp_path / "r", "--methods", "window") == 0
+    assert _niah(tmp_path / "r", "--methods", "window") == 0  # the same configs: resumes
+    capsys.readouterr()
+    before = (tmp_path / "r" / "results.json").read_bytes()
+    plain = execution.method_configs
+
+    def changed_defaults(run):
+        return {m: c.model_copy(update={"schedule_kwargs": {"prefill_chunk": 2 * c.chunk}}) for m, c in plain(run).items()}
+
+    monkeypatch.setattr(execution, "method_configs", changed_defaults)
+    assert _niah(tmp_path / "r", "--methods", "window") == 2
+    err = capsys.readouterr().err
+    assert "holds samples of window run with another config" in err and "schedule_kwargs: saved {}, now {'prefill_chunk':" in err, err
+    assert (tmp_path / "r" / "results.json").read_bytes() == before

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lola.eval.niah_records import RESULTS_FILE, SAMPLES_FILE, _write_results, check_out_folder, sample_depth
+from lola.eval.niah_records import RESULTS_FILE, SAMPLES_FILE, _write_results, check_out_folder, check_saved_configs, sample_depth
 from lola.eval.niah_report import plot_results, refused_record
 from lola.eval.niah_spec import NiahRun, check_budgets, method_configs, run_inputs
 from lola.methods import holds_length
@@ -102,6 +102,7 @@ def run_niah(run: NiahRun, model: Any, tokenizer: Any, out_dir: str | Path, prog
         reason = f"past the model's {max_positions} positions"
         # again, under the lock: what a run before this one finished, each record bound to this run's prompt
         done = check_out_folder(out, run, model, prompts)
+        check_saved_configs(out, effective)  # the same options, the same configs as the saved samples'
         records = list(done.values()) + [refused_record(m, n, reason) for m, n in refused]
         _write_results(results_path, run, records, effective, inputs)  # claims the folder; a resume keeps its summary
         samples_path = out / SAMPLES_FILE

@@ -260,6 +260,45 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
     return _load_done(out / SAMPLES_FILE, run, prompts)
 
 
+def check_saved_configs(out_dir: str | Path, configs: dict[str, Any]) -> None:
+    """Refuse to resume a run whose methods would now run other configs than the saved records'
+    (``results.json``'s ``methods``): the same options may resolve to other configs when lola's
+    defaults change between the start and the resume (a default schedule, a shipped default), and
+    the new samples would be of another method under the same name.
+
+    Args:
+        configs: ``{method: LoLAConfig or None}`` as this run would run them (resolved).
+
+    Raises:
+        ValueError: naming the method and each field that differs, saved and now.
+    """
+    from lola.io.outputs import read_json
+
+    out = Path(out_dir)
+    results = out / RESULTS_FILE
+    if not results.is_file() or not _has_records(out / SAMPLES_FILE):
+        return
+    saved = read_json(results, "a lola niah results file").get("methods")
+    if not isinstance(saved, dict):
+        return  # a results file of a version that recorded no configs: the run itself was compared
+    for method, config in configs.items():
+        if method not in saved:
+            continue
+        now = None if config is None else config.model_dump(mode="json")
+        before = saved[method]
+        if before == now:
+            continue
+        if isinstance(before, dict) and isinstance(now, dict):
+            fields = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+            detail = "; ".join(f"{k}: saved {before.get(k)!r}, now {now.get(k)!r}" for k in fields)
+        else:
+            detail = f"saved {before!r}, now {now!r}"
+        raise ValueError(
+            f"{out} holds samples of {method} run with another config than the same options give now ({detail}): "
+            "lola's defaults changed since the run started; use another --out (or the version it started with)"
+        )
+
+
 def _has_records(path: Path) -> bool:
     """Whether the record file ``path`` holds at least one complete line (a plain file only)."""
     data = read_record_file(path, "lola niah")

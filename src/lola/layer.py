@@ -291,6 +291,9 @@ class LoLAAttention(nn.Module):
         # softmax_only: the output never reads the linear state, so the queries' features are not computed.
         fq = None if kernel_mixing(self.mixing, self.affine) == "softmax_only" else self._query_features(qh, state, valid)
         cap = self._caps(state.seen, valid)  # from the counts before this call's tokens
+        # The rules that read the exact part as num/den and den·e^max only (not its max) let the
+        # reads take another shift (fused attention on a CPU); an observer sees the reference's.
+        state.exact_max = bool(observers) or kernel_mixing(self.mixing, self.affine) not in ("lola_authors", "softmax_only")
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
         o = mix(exact, linear, gate, self.mixing, self.affine, cap)
         if observers:

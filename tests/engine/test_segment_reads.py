@@ -3,6 +3,8 @@ deferred and batched equal to reads one by one."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lola
 from lola import kernels as K
@@ -52,3 +54,30 @@ def test_prefill_reads_deferred_and_batched_equal_reads_one_by_one(monkeypatch, 
             # the previous step fell on, the last step's query), or one call per group.
             assert ops["softmax_partial"] == (1 if budget else 6)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    mixing=st.sampled_from(["lola_authors", "softmax_only", "lolcats"]),
+    chunk=st.sampled_from([16, 32]),
+    t=st.integers(17, 90),
+    budgets=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_a_prefill_read_by_fused_attention_is_the_reference_read(mixing, chunk, t, budgets, seed):
+    """On a CPU the rules that read the exact part as num/den and den·e^max only (lola_authors,
+    softmax_only) take fused attention for blocks of many queries: the layer's output is the
+    reference backend's; lolcats, which reads the largest score, never takes it."""
+    sizes = {"sparse_size_per_head": [3, 9]} if budgets else {}
+    cfg = lola.LoLAConfig(window=8, sparse_size=6, sinks=2, chunk=chunk, mixing=mixing, feature_map="hedgehog", feature_dim=8, **sizes)
+    torch.manual_seed(seed)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(2, t, 4, 8, generator=g), torch.randn(2, t, 2, 8, generator=g), torch.randn(2, t, 2, 8, generator=g)
+    with torch.no_grad(), K.record_calls() as calls:
+        out, _ = attn(q, k, v)
+        with K.use_backend("reference"):
+            want, _ = attn(q, k, v)
+    fused = calls[("softmax_partial", "fused")]
+    assert (fused > 0) == (mixing != "lolcats"), calls
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

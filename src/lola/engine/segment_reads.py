@@ -165,7 +165,7 @@ class SegmentReads:
         ragged = groups[0].ragged
         if ragged is not None:  # every group's run, folded into the batch as the dense slots
             ragged = RaggedSlots(*(_stack([getattr(g.ragged, f) for g in groups]) for f in ("k", "v", "pos")), ragged.offsets)
-        num, den, mx = softmax_partial(q, k, v, pos, kpos, self.scale, ragged=ragged, check=False)
+        num, den, mx = softmax_partial(q, k, v, pos, kpos, self.scale, ragged=ragged, check=False, exact_max=self.memory.exact_max)
         if self.fq is not None:
             fq32 = stack([g.query.fq for g in groups]).float()
             H = _stack([g.linear_state[0] for g in groups])
@@ -237,7 +237,8 @@ def read_exact(
         k = state.exact_view(block.k, block.pos, first, newest)
         if moves and ragged is not None:
             ragged = RaggedSlots(state.exact_view(ragged.k, ragged.pos, first, newest), ragged.v, ragged.pos, ragged.offsets)
-        return SoftmaxPartial(*softmax_partial(query.q, k, block.v, query.pos, block.pos, query.scale, ragged=ragged, check=False)), []
+        partial = softmax_partial(query.q, k, block.v, query.pos, block.pos, query.scale, ragged=ragged, check=False, exact_max=state.exact_max)
+        return SoftmaxPartial(*partial), []
     if moves:  # each stock store read over its re-rotated keys (custom reads are refused with bounded positions)
         parts = []
         for m in mems:

@@ -151,6 +151,9 @@ class LayerState:
         self.buffered = all(binds_buffer(m) for m in self.exact_memories)  # the buffer holds every exact slot
         self.binding: PageBinding | None = None  # external buffers holding this state (bind_pages)
         self.written = Written()
+        # Whether a segment's exact reads must give the largest score as their max (the layer's
+        # mixing rule reads it, as lolcats does); False lets a CPU read them by fused attention.
+        self.exact_max = True
 
     @property
     def storage(self) -> str:

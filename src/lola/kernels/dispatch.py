@@ -10,6 +10,11 @@ The choice is read at *call time*, in this order:
               triton is first imported); a missing triton raises ``RuntimeError``.
 ``reference`` always the pure-PyTorch reference.
 
+Under ``auto``, a call that allows it (``fused=True``: the softmax partials of a caller that
+reads only ``num / den`` and ``den · e^max``) of an op with a fused form (:data:`FUSED_OPS`:
+PyTorch's fused CPU attention) runs that form on CPU tensors that need no gradient;
+``reference`` forces the definition everywhere.
+
 Whatever is requested, a call that autograd must differentiate (grad mode on and an input
 that requires grad) runs the reference: the Triton ops are forward-only, and a training step
 through them would silently get wrong gradients.
@@ -141,6 +146,10 @@ def record_calls() -> Iterator[collections.Counter]:
 
 _MODULES: dict[tuple[str, str], object] = {}
 
+FUSED_OPS = frozenset({"softmax_partial"})
+"""Ops with a ``fused.py`` beside their reference: fused PyTorch calls on a CPU (tested against
+the reference), taken under ``auto`` where the reference would run and the call allows it."""
+
 PACKAGE_OF_OP = {
     "chunk_linear_attention": "linear_attention",
     "softmax_partial": "exact_attention",
@@ -150,9 +159,13 @@ PACKAGE_OF_OP = {
 """Each op's package: ``reference.py`` and ``triton.py`` there define a function named after the op."""
 
 
-def implementation(op: str, *tensors) -> Callable:
-    """The function implementing ``op`` (a key of :data:`PACKAGE_OF_OP`) for these inputs."""
+def implementation(op: str, *tensors, fused: bool = False) -> Callable:
+    """The function implementing ``op`` (a key of :data:`PACKAGE_OF_OP`) for these inputs;
+    ``fused``: the caller accepts the op's fused form (:data:`FUSED_OPS`) on a CPU."""
     name = backend(*tensors)
+    if fused and name == "reference" and op in FUSED_OPS and requested_backend() == "auto" and not needs_grad(tensors):
+        if all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors):
+            name = "fused"
     for counter in getattr(_local, "recorders", ()):
         counter[(op, name)] += 1
     module = _MODULES.get((op, name))

@@ -30,6 +30,7 @@ def softmax_partial(
     *,
     ragged: Optional[RaggedSlots] = None,
     check: bool = True,
+    exact_max: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact-attention partials over a (sparse, possibly partly empty) key cache.
 
@@ -50,6 +51,10 @@ def softmax_partial(
             :func:`~lola.kernels.pad_ragged` to the cache along ``N``. ``None``: only the cache.
         check: validate shapes, dtypes and devices first (``False`` only for callers that
             built the inputs themselves, such as the LoLA engine on its decode path).
+        exact_max: ``max`` is the largest visible score. ``False`` lets the partials carry
+            another shift (``num / den`` and ``den · e^max`` are the same), which a CPU then
+            computes by fused attention (:mod:`.fused`, ``max`` its log-sum-exp): for callers
+            that read only those, as the ``lola_authors`` and ``softmax_only`` rules do.
 
     Returns:
         ``(num [B, H, L, D], den [B, H, L], max [B, H, L])``, all fp32.
@@ -57,7 +62,7 @@ def softmax_partial(
     if check:
         check_inputs(q, k, v, q_pos, k_pos, ragged)
     extra = () if ragged is None else (ragged.k, ragged.v, ragged.pos)  # they decide the backend too
-    fn = implementation("softmax_partial", q, k, v, *extra)
+    fn = implementation("softmax_partial", q, k, v, *extra, fused=not exact_max)
     return fn(q, k, v, q_pos, k_pos, scale, ragged)
 
 

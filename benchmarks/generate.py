@@ -9,8 +9,9 @@ model's shipped calibrated budgets (the same slots; the running state holds more
 ``benchmarks/state_bytes.py``); ``small`` is window 64, sparse 64 (the
 figures of docs/performance.md before 2026-12-02). For each method the context is built up by
 prefill in 1,024-token segments; at each context length, ``--decode`` greedy tokens are timed
-one by one. ``--prefill-chunk P`` gives the LoLA configs a prefill that steps every ``P``
-tokens (decoding still every chunk; ``Chunkwise(64, prefill_chunk=P)``).
+one by one. ``--prefill-chunk P [P ...]`` times each LoLA config once per ``P``, its prefill
+stepping every ``P`` tokens (decoding still every chunk; ``Chunkwise(64, prefill_chunk=P)``;
+``64``: every chunk, the plain schedule).
 Prefill throughput at a context is that of the 1,024-token segment ending there (the first
 segment for 1024; the segment from 15K to 16K for 16384). Prints tokens/s, ms/token and cache
 bytes per context, then the ratios LoLA vs stock at the smallest and the largest context, and
@@ -76,7 +77,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--configs", nargs="+", choices=("uniform", "calibrated", "small"), default=["uniform", "calibrated"], help="LoLA configs to time")
-    parser.add_argument("--prefill-chunk", type=int, help="tokens between steps within a prefill segment (a multiple of 64; default: every 64)")
+    parser.add_argument(
+        "--prefill-chunk", type=int, nargs="+", default=[64], help="tokens between steps within a prefill segment, one run each (multiples of 64; default: 64)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,14 +90,16 @@ def main() -> None:
     print("stock transformers (SDPA + DynamicCache)")
     stock = run(model, ids, contexts, args.decode, DynamicCache, stock_bytes)
     results = {}
-    for name in args.configs:
-        cfg = lola_config(name, args.model)
-        if args.prefill_chunk is not None:
-            cfg = cfg.model_copy(update={"schedule_kwargs": {"prefill_chunk": args.prefill_chunk}})
-        apply_lola(model, cfg)
-        print(describe(name, cfg))
-        results[name] = run(model, ids, contexts, args.decode, lambda: LoLACache(model), lambda c: c.nbytes())
-        remove_lola(model)
+    for config in args.configs:
+        for prefill in args.prefill_chunk:
+            name = config if len(args.prefill_chunk) == 1 else f"{config}, prefill chunk {prefill}"
+            cfg = lola_config(config, args.model)
+            if prefill != cfg.chunk:
+                cfg = cfg.model_copy(update={"schedule_kwargs": {"prefill_chunk": prefill}})
+            apply_lola(model, cfg)
+            print(describe(name, cfg))
+            results[name] = run(model, ids, contexts, args.decode, lambda: LoLACache(model), lambda c: c.nbytes())
+            remove_lola(model)
 
     for name, lola_rows in results.items():
         print(f"\nlola {name}\n")

@@ -96,7 +96,7 @@ def method_config(
         sinks: pinned first tokens (every method but ``full``).
         chunk: tokens between select-and-evict steps (every method but ``full``).
         prefill_chunk: tokens between steps within a call of many tokens (``schedule_kwargs``
-            of :class:`lola.schedules.Chunkwise`); ``None``: every ``chunk``.
+            of :class:`lola.schedules.Chunkwise`); ``None`` or ``chunk``: every ``chunk``.
         policy: the ``lola`` method's scoring policy (``None``: left unset, i.e. ``"sre"``).
         mixing: the mixing rule of ``lola``. ``None``: ``softmax_only``, or with ``trained_maps``
             left unset for :func:`lola.pretrained.resolve.resolve_mixing` to decide when the maps are loaded
@@ -127,7 +127,9 @@ def method_config(
     else:
         lola_mixing = {"mixing": mixing or "softmax_only"}
         hybrid_mixing = {"mixing": "lola_authors" if lola_mixing["mixing"] == "softmax_only" else lola_mixing["mixing"]}
-    common: dict[str, Any] = {"sinks": sinks, "chunk": chunk, **({"schedule_kwargs": {"prefill_chunk": prefill_chunk}} if prefill_chunk is not None else {})}
+    # (a prefill chunk equal to the chunk is the plain schedule: the config says nothing of it)
+    steps = {"schedule_kwargs": {"prefill_chunk": prefill_chunk}} if prefill_chunk is not None and prefill_chunk != chunk else {}
+    common: dict[str, Any] = {"sinks": sinks, "chunk": chunk, **steps}
     wide = window + sparse_size if hybrid_window == "budget" else window
     if method == "window":
         fields = {"window": wide, "sparse_size": 0, "mixing": "softmax_only", **common}

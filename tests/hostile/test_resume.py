@@ -1073,3 +1073,22 @@ def test_niah_resume_whose_options_now_give_other_configs_is_refused(tmp_path, c
     err = capsys.readouterr().err
     assert "holds samples of window run with another config" in err and "schedule_kwargs: saved {}, now {'prefill_chunk':" in err, err
     assert (tmp_path / "r" / "results.json").read_bytes() == before
+
+
+def test_a_run_on_maps_saved_before_the_prefill_chunk_resumes_only_as_it_ran(tmp_path, capsys):
+    """A run on trained maps saved before the default prefill chunk (no prefill_chunk in its
+    results.json) stepped every chunk: resumed with the default it is refused, naming the
+    option; given --prefill-chunk equal to the chunk it resumes."""
+    maps = tmp_path / "maps"
+    write_random_maps(maps, seed=0)
+    args = ["--methods", "lola", "--policies", "sre", "--feature-maps", str(maps), "--window", "16", "--sparse-size", "8"]
+    assert _niah(tmp_path / "r", *args, "--prefill-chunk", "64") == 0
+    results = tmp_path / "r" / "results.json"
+    saved = json.loads(results.read_text())
+    assert saved["run"].pop("prefill_chunk") == 64 and saved["methods"]["lola-sre"]["schedule_kwargs"] == {}
+    results.write_text(json.dumps(saved))  # as an older lola wrote it
+    (tmp_path / "r" / ".lola-files.json").unlink()  # (an older lola kept no record of its files)
+    capsys.readouterr()
+    assert _niah(tmp_path / "r", *args) == 2
+    assert "--prefill-chunk: saved 64, now 256" in capsys.readouterr().err
+    assert _niah(tmp_path / "r", *args, "--prefill-chunk", "64") == 0

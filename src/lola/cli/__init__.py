@@ -617,6 +617,8 @@ def _export(args: argparse.Namespace) -> int:
             config = LoLAConfig(**_read_config(args.config))
     else:
         config = default_lola_config(args.model, trained_maps=args.feature_maps is not None, feature_maps=args.feature_maps)
+        if args.vllm:  # the plug-in steps every chunk in prefill too (its pages hold one chunk's window)
+            config = config.model_copy(update={"schedule_kwargs": {k: v for k, v in config.schedule_kwargs.items() if k != "prefill_chunk"}})
     if args.feature_maps is not None:
         from lola.pretrained.folder import read_feature_maps
 

@@ -223,6 +223,9 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
                         if saved.get(f) is not None and getattr(run, f) is not None and f in inputs and saved_inputs.get(f) == inputs[f]
                     },
                 }
+            if isinstance(saved, dict) and "prefill_chunk" not in saved and saved.get("feature_maps") is not None:
+                # saved before runs on maps stepped every 256 tokens in a prefill: it stepped every chunk
+                saved = {**saved, "prefill_chunk": saved.get("chunk", NiahRun.model_fields["chunk"].default)}
             try:
                 with warnings.catch_warnings():  # a method renamed since the run started: no warning for the file
                     warnings.simplefilter("ignore", FutureWarning)

@@ -197,6 +197,8 @@ class NiahRun(BaseModel):
             data["fold_repeats"] = FOLD_REPEATS if maps is not None else 0.0
         if data.get("fold_copies") is None:
             data["fold_copies"] = FOLD_COPIES
+        if data.get("prefill_chunk") is None and maps is not None:
+            data["prefill_chunk"] = paper_prefill_chunk(data.get("chunk", cls.model_fields["chunk"].default))
         if data.get("policies") is None:
             learned = default_policy(model, maps)
             data["policies"] = ["sre", learned] if maps is not None and learned != "sre" else [learned]
@@ -264,14 +266,18 @@ class NiahRun(BaseModel):
 
 def default_lola_config(model: str, trained_maps: bool = True, feature_maps: str | os.PathLike | None = None) -> LoLAConfig:
     """The ``lola`` method as ``lola niah`` runs it by default for ``model``: :class:`NiahRun`'s
-    window, sparse cache, sinks and chunk, and ``budgets="auto"`` (those calibrated for
+    window, sparse cache, sinks and chunk (with trained maps the prefill's chunk,
+    :data:`PREFILL_CHUNK`), and ``budgets="auto"`` (those calibrated for
     ``feature_maps`` when they carry any, else the model's shipped budgets if it has any); with
     ``trained_maps`` (``--feature-maps``) the rule is left for :mod:`lola.pretrained.resolve`
     (the paper's), without them it is ``softmax_only``. Its policy is SRE (repeats are not folded
     under it: :data:`FOLDED_POLICIES`)."""
     d = {name: field.default for name, field in NiahRun.model_fields.items()}
     trained_maps = trained_maps or feature_maps is not None
-    cfg = method_config("lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], trained_maps=trained_maps)
+    prefill = paper_prefill_chunk(d["chunk"]) if trained_maps else None  # as the run's default with maps
+    cfg = method_config(
+        "lola", window=d["window"], sparse_size=d["sparse_size"], sinks=d["sinks"], chunk=d["chunk"], prefill_chunk=prefill, trained_maps=trained_maps
+    )
     return resolve_config(cfg, model=model, budgets=d["budgets"], maps_to_apply=feature_maps)
 
 
@@ -326,6 +332,21 @@ def shipped_maps_for(model: Any) -> str | None:
 FOLD_REPEATS = 0.95
 """``fold_repeats`` of a run on shipped linearized maps (the threshold chosen at 8K:
 docs/results.md, "What the misses at 8K are")."""
+PREFILL_CHUNK = 256
+"""The prefill's chunk of a run on linearized maps: the LoLA authors' chunk (one select step
+per 256 tokens), with decoding still every ``chunk`` so that the cache keeps the bytes of the
+decode chunk (:class:`lola.schedules.Chunkwise`); it lost no recall cell at the same bytes
+(docs/results.md, "The prefill's chunk")."""
+
+
+def paper_prefill_chunk(chunk: Any) -> Any:
+    """:data:`PREFILL_CHUNK` where it is a multiple of ``chunk``, else ``chunk`` (every chunk);
+    ``chunk`` as it is when it is not an int (the field's validation names it)."""
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        return None
+    return PREFILL_CHUNK if PREFILL_CHUNK % chunk == 0 else chunk
+
+
 FOLD_COPIES = 4
 """``fold_copies`` unless given: a candidate is a repeat once four higher-ranked candidates repeat
 its value, so a needle's repeated digits and the digits of a prose haystack stay exact while the

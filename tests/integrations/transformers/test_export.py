@@ -100,3 +100,12 @@ def test_a_prefill_chunk_is_refused_for_vllm_and_kept_for_transformers(tmp_path)
     assert not (tmp_path / "vllm" / "config.json").exists()
     export_pretrained(model, tok, tmp_path / "out", prefill)
     assert from_pretrained(tmp_path / "out")._lola.config.schedule_kwargs == {"prefill_chunk": 8}
+
+
+def test_the_export_command_gives_vllm_the_plain_schedule_and_transformers_the_prefill_chunk(stage2, tmp_path):
+    """The default LoLA of `lola niah` on trained maps steps every 256 tokens in a prefill; the
+    vLLM plug-in steps every chunk (its pages hold one chunk's window), so `--vllm` exports that."""
+    for vllm, expected in ((False, {"prefill_chunk": 256}), (True, {})):
+        out = tmp_path / ("vllm" if vllm else "hf")
+        assert main(["export", "--model", "tiny-random-llama", "--feature-maps", str(stage2), "--out", str(out), *(["--vllm"] if vllm else [])]) == 0
+        assert json.loads((out / "config.json").read_text())["lola"]["config"]["schedule_kwargs"] == expected

@@ -116,3 +116,17 @@ def test_probe_keeps_the_engine_outputs(tiny):
 
     rec, sample, out = probed(tiny, lola.LoLAConfig(window=8, sparse_size=8, sinks=2, chunk=8, mixing="lola_authors"), seed=5, new_tokens=4, then=generate)
     assert rec["prediction"] == tiny[1].decode(out[0, sample.length :], skip_special_tokens=True)
+
+
+def test_a_probe_on_maps_saved_before_the_prefill_chunk_is_not_resumed_under_the_default():
+    """A run on maps saved before prefill_chunk existed stepped every chunk in its prefill: its
+    probe records are not continued under today's default (every 256), the option named."""
+    from lola.eval.state_probe import _run_differences
+
+    run = NiahRun(model="smollm2-135m-instruct", feature_maps="smollm2-135m-instruct", methods=["lola"], lengths=[2048], samples=2)
+    assert run.prefill_chunk == 256
+    saved = json.loads(run.model_dump_json())
+    assert _run_differences(saved, run) is None
+    del saved["prefill_chunk"]  # as an older lola wrote it
+    assert "--prefill-chunk: saved 64, now 256" in _run_differences(saved, run)
+    assert _run_differences(saved, run.model_copy(update={"prefill_chunk": 64})) is None

@@ -218,7 +218,7 @@ def test_property_reference_ragged_is_the_padded_cache(offsets, B, G, L, N, D, d
     expected = dense_masked_softmax(q, pk, pv, q_pos, pp, D**-0.5)
     # num = Σ e^(s - m) v sums values of both signs: its rounding is relative to Σ e^(s - m) |v|
     # (a sum that cancels to 0.0013 of terms near 1 was off by 8e-5 of itself, summed in another order)
-    v_most = float(v.float().abs().max()) if v.numel() else 0.0
+    v_most = float(pv.float().abs().max()) if pv.numel() else 0.0  # the run's values too (the dense cache may be empty)
     floors = {"num": float(expected[1].float().norm()) * v_most}
     assert_outputs_close(ref.softmax_partial(q, pk, pv, q_pos, pp, D**-0.5), expected, 1e-5, OUTPUTS, floors)
     # both forms of a ragged read (the dispatch picks one by size), with and without positions

@@ -148,6 +148,17 @@ def _is_results(data: Any) -> bool:
     return isinstance(data.get("run"), dict) and isinstance(data.get("versions"), dict) and "lola" in data["versions"]
 
 
+def as_it_ran(saved: Any) -> Any:
+    """A saved run's options (``results.json``'s or ``probe.json``'s ``run``) with the defaults of
+    the version that wrote them made explicit where today's differ: a run on maps saved before
+    ``prefill_chunk`` existed stepped every chunk in its prefill (today's default on maps is
+    :data:`~lola.eval.niah_spec.PREFILL_CHUNK`), so a resume under the default is refused
+    naming ``--prefill-chunk`` instead of mixing the two."""
+    if isinstance(saved, dict) and "prefill_chunk" not in saved and saved.get("feature_maps") is not None:
+        return {**saved, "prefill_chunk": saved.get("chunk", NiahRun.model_fields["chunk"].default)}
+    return saved
+
+
 def _run_changes(saved: NiahRun, run: NiahRun) -> str:
     """Every option in which ``run`` differs from the ``saved`` one, as ``--window: saved 60, now
     16`` (``variants``, which only a ``--config`` file sets, by its field name)."""
@@ -223,9 +234,7 @@ def check_out_folder(out_dir: str | Path, run: NiahRun | None = None, model: Any
                         if saved.get(f) is not None and getattr(run, f) is not None and f in inputs and saved_inputs.get(f) == inputs[f]
                     },
                 }
-            if isinstance(saved, dict) and "prefill_chunk" not in saved and saved.get("feature_maps") is not None:
-                # saved before runs on maps stepped every 256 tokens in a prefill: it stepped every chunk
-                saved = {**saved, "prefill_chunk": saved.get("chunk", NiahRun.model_fields["chunk"].default)}
+            saved = as_it_ran(saved)
             try:
                 with warnings.catch_warnings():  # a method renamed since the run started: no warning for the file
                     warnings.simplefilter("ignore", FutureWarning)

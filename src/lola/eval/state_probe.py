@@ -200,10 +200,11 @@ def _run_differences(saved: object, run: NiahRun) -> str | None:
     today's names); otherwise every option that differs with both values (as ``lola niah`` names
     them, :func:`lola.eval.niah_records._run_changes`)."""
     from lola.config import validation_summary
-    from lola.eval.niah_records import _run_changes
+    from lola.eval.niah_records import _run_changes, as_it_ran
 
     if not isinstance(saved, dict):
         return "no run recorded"
+    saved = as_it_ran(saved)
     if saved == json.loads(run.model_dump_json()):
         return None
     try:

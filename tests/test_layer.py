@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 from hypothesis import assume, given, settings
@@ -355,8 +357,8 @@ def test_observing_the_linear_share_changes_no_output(mixing):
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**16), cap=st.sampled_from([0.02, 0.2]), decay=st.sampled_from([1.0, 0.95]))
 def test_a_share_cap_bounds_the_state_and_decodes_as_it_prefills(seed, cap, decay):
-    """Under the paper's rule with ``linear_share_cap``: decoding token by token (the unfused
-    path) gives the outputs of one prefill, no output takes more than the cap from the state,
+    """Under the paper's rule with ``linear_share_cap``: decoding token by token (the fused
+    decode step, which caps) gives the outputs of one prefill, no output takes more than the cap from the state,
     and a cap of 1 is no cap."""
     from lola.layer import observe_linear_share
 
@@ -412,3 +414,28 @@ def test_a_share_cap_from_a_position_counts_each_rows_real_tokens(seed, cap_from
     assert torch.equal(o[:1, :cap_from], o_plain[:, :cap_from])
     assert_rel_close(o_capped[:, cap_from:], o[:1, cap_from:], 1e-6, "capped from the position on")
     assert not torch.allclose(o_capped[:, cap_from:], o_plain[:, cap_from:])  # the cap changed something there
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), cap_from=st.integers(0, 22), mixing=st.sampled_from(["lola_authors", "lolcats"]))
+def test_a_capped_decode_takes_the_fused_step_and_equals_the_unfused_path(seed, cap_from, mixing):
+    """With a share cap (from a position or not), each decoded token is read, mixed and capped
+    by one ``decode_step`` call, and gives what the unfused path gives (the path a token takes
+    while an observer watches: ``attend`` + ``mix``)."""
+    from lola.kernels import record_calls
+    from lola.layer import observe_linear_share
+
+    cfg = lola.LoLAConfig(window=3, sparse_size=2, sinks=1, chunk=4, mixing=mixing, linear_share_cap=0.05, linear_share_cap_from=cap_from)
+    torch.manual_seed(seed)
+    attn = lola.compose(cfg, num_heads=4, head_dim=8, num_kv_heads=2)
+    with torch.no_grad():
+        attn.window_factors.fill_(-4.0)  # the state's share exceeds the cap
+    q, k, v = inputs(b=2, t=24, seed=seed)
+    outs = {}
+    with torch.no_grad():
+        for path in ("fused", "unfused"):
+            _, state = attn(q[:, :16], k[:, :16], v[:, :16])
+            with record_calls() as calls, observe_linear_share(lambda *a: None) if path == "unfused" else contextlib.nullcontext():
+                outs[path] = torch.cat([attn(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], state=state)[0] for i in range(16, 24)], dim=1)
+            assert (sum(n for (op, _), n in calls.items() if op == "decode_step") == 8) == (path == "fused")
+    assert_rel_close(outs["unfused"], outs["fused"], 1e-5, "fused vs unfused capped decode")

@@ -74,7 +74,7 @@ class LoLAConfig(BaseModel):
             folded with weight ``γ^{age}`` and the state shrinks by ``γ^P`` at each step
             (:class:`~lola.memory.LinearState`), so far tokens fade instead of piling up.
         linear_share_cap: at most this share of each output comes from the linear state
-            (``None``: no cap; :func:`lola.core.mix`); decode tokens then take the unfused path.
+            (``None``: no cap; :func:`lola.core.mix`); a decoded token is capped in the fused decode step.
         linear_share_cap_from: the cap applies to queries at positions ``>=`` this (``0``:
             every query). Trained feature maps read positions they were not trained at
             differently (their kernel grows with absolute position: docs/results.md, "The cap from

@@ -129,7 +129,7 @@ class LoLAAttention(nn.Module):
         scale: softmax scale, ``1/√D`` when ``None``.
         check_inputs: validate tensors on every call.
         share_cap: the linear state's share of each output is at most this (``None``: no cap;
-            see :func:`lola.core.mix`). Decode tokens then take the unfused path.
+            see :func:`lola.core.mix`); a decoded token's cap is applied in the fused decode step.
         share_cap_from: the cap applies to queries at positions ``>=`` this only (``0``: all);
             a query's position is the count of real tokens before it in its row.
         positions: ``None`` (absolute positions: reads see the positions the keys and queries
@@ -275,15 +275,15 @@ class LoLAAttention(nn.Module):
             kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
         valid = None if padding_mask is None else _as_bool_mask(padding_mask, q)
         observers = getattr(_observers, "stack", None)
-        fused = state.decodes_fused and not observers and self.share_cap is None  # the fused step mixes without a cap
-        if q.shape[1] == 1 and fused and (valid is None or bool(valid.all())):
-            # One token per row: the fused decode step (one kernel call reads and mixes);
+        if q.shape[1] == 1 and state.decodes_fused and not observers and (valid is None or bool(valid.all())):
+            # One token per row: the fused decode step (one kernel call reads, mixes and caps);
             # softmax_only never reads the linear state nor the gate, so neither is computed.
             mixing = kernel_mixing(self.mixing, self.affine)
             softmax_only = mixing == "softmax_only"
             fq = None if softmax_only else self._query_features(qh, state, None)
             gate = self.window_factors.detach().view(-1) if softmax_only else torch.sigmoid(self.window_factors.float()).view(-1)
-            o = state.decode(qh, fq, kh, vh, self.scale, self.feature_map_k, gate, mixing)
+            cap = None if softmax_only else self._row_caps(state.seen.to(q.device))
+            o = state.decode(qh, fq, kh, vh, self.scale, self.feature_map_k, gate, mixing, cap)
             return o.unsqueeze(1).to(q.dtype), state
         gate = torch.sigmoid(self.window_factors.float()).view(-1)
         if valid is None:
@@ -317,6 +317,19 @@ class LoLAAttention(nn.Module):
                 pos = torch.where(valid, pos, -1)
             qh = bounded.state_inputs(qh, pos)
         return self.feature_map_q(qh)
+
+    def _row_caps(self, seen: torch.Tensor) -> torch.Tensor | None:
+        """The share cap of one decoded token per row, ``[B]`` fp32 (``1``: none), or ``None``
+        without a cap: :meth:`_caps` for a call of one real token per row.
+
+        Args:
+            seen: ``[B]`` real tokens each row held before this token (its position).
+        """
+        if self.share_cap is None:
+            return None
+        if not self.share_cap_from:
+            return torch.full(seen.shape, float(self.share_cap), device=seen.device)
+        return torch.where(seen >= self.share_cap_from, self.share_cap, 1.0).float()
 
     def _caps(self, seen: torch.Tensor, valid: torch.Tensor) -> float | torch.Tensor | None:
         """The share cap of each query: ``None``, the cap itself, or with ``share_cap_from``

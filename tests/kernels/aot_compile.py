@@ -53,7 +53,9 @@ def cases():
         # the ragged run's arguments (read only with HAS_RAGGED)
         ragged = dict(rk=f"*{dt}", rv=f"*{dt}", r_pos="*i64", r_offsets="*i64", S="i32")
         sp_types = dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", q_pos="*i64", k_pos="*i64", num="*fp32", den="*fp32", mx="*fp32", scale="fp32", L="i32", N="i32")
-        dec_types = dict(q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", k_pos="*i64", fq=f"*{dt}", h="*fp32", s="*fp32", gate="*fp32", o="*fp32", scale="fp32", N="i32")
+        dec_types = dict(
+            q=f"*{dt}", k=f"*{dt}", v=f"*{dt}", k_pos="*i64", fq=f"*{dt}", h="*fp32", s="*fp32", gate="*fp32", cap="*fp32", o="*fp32", scale="fp32", N="i32"
+        )
         for D, has_ragged in ((64, False), (128, False), (64, True), (128, True)):
             yield (
                 f"softmax_partial {dt} D={D}" + (" ragged" if has_ragged else ""),
@@ -72,12 +74,25 @@ def cases():
             )
             for mixing in range(4):
                 for has_ragged in (False, True):
-                    yield (
-                        f"decode_step {dt} D=F={D} mixing={mixing}" + (" ragged" if has_ragged else ""),
-                        dec.decode_step_fwd_kernel,
-                        dec_types | ragged,
-                        dict(Hs=8, G=4, D=D, F=D, BG=16, BD=D, BF=64 if D <= 64 else 32, MIXING=mixing, PRECISION=prec, HAS_RAGGED=has_ragged),
-                    )
+                    for has_cap in (False, True) if mixing != 3 else (False,):
+                        yield (
+                            f"decode_step {dt} D=F={D} mixing={mixing}" + (" ragged" if has_ragged else "") + (" capped" if has_cap else ""),
+                            dec.decode_step_fwd_kernel,
+                            dec_types | ragged,
+                            dict(
+                                Hs=8,
+                                G=4,
+                                D=D,
+                                F=D,
+                                BG=16,
+                                BD=D,
+                                BF=64 if D <= 64 else 32,
+                                MIXING=mixing,
+                                PRECISION=prec,
+                                HAS_RAGGED=has_ragged,
+                                HAS_CAP=has_cap,
+                            ),
+                        )
 
 
 # One case per kernel and code path: what the CPU test suite compiles.
@@ -91,6 +106,7 @@ QUICK = (
     "decode_step bf16 D=F=128 mixing=2",
     "decode_step bf16 D=F=64 mixing=3",
     "decode_step bf16 D=F=128 mixing=2 ragged",
+    "decode_step bf16 D=F=128 mixing=2 ragged capped",
 )
 
 

@@ -298,3 +298,78 @@ def test_triton_ragged_softmax_only_without_linear_state(triton_device):
     with K.use_backend("triton"):
         o = K.decode_step(**x, mixing="softmax_only", scale=0.25, ragged=ragged)
     assert_close_rel(expected, o, 1e-5)
+
+
+# ---------------------------------------------------------------- the share cap
+
+
+def explicit_capped(x, mixing, scale, cap):
+    """float64 oracle of a capped decode step: where the state's share ``α`` of the free output
+    exceeds the row's cap ``c`` and an exact slot is visible, ``c · L_num/L_den + (1 − c) ·
+    E_num/E_den`` (``α`` from the unshifted definitions of each rule)."""
+    free, exact = explicit_decode(x, mixing, scale), explicit_decode(x, "softmax_only", scale)
+    q, k, k_pos = x["q"].double(), x["k"].double(), x["k_pos"]
+    G = q.shape[1] // k.shape[1]
+    k, k_pos = k.repeat_interleave(G, dim=1), k_pos.repeat_interleave(G, dim=1)
+    logits = scale * torch.einsum("bhd,bhnd->bhn", q, k)
+    visible = k_pos >= 0
+    S_den = (torch.exp(logits) * visible).sum(-1)
+    m = logits.masked_fill(~visible, -math.inf).amax(-1) if k.shape[2] else torch.full(S_den.shape, -math.inf, dtype=S_den.dtype)
+    E_den = torch.where(visible.any(-1), S_den * torch.exp(-torch.where(torch.isfinite(m), m, 0.0)), 0.0)
+    fq = x["fq"].double()
+    L_num, L_den = torch.einsum("bhf,bhfd->bhd", fq, x["H"].double()), (fq * x["s"].double()).sum(-1)
+    w = x["gate"].double()[None, :]
+    exact_w, lin_w = {"lolcats": (w * E_den, L_den), "lolcats_affine": (w * E_den, (1 - w) * L_den), "lola_authors": (w * S_den, (1 - w) * L_den)}[mixing]
+    share = torch.where(exact_w + lin_w == 0, 0.0, lin_w / (exact_w + lin_w))
+    c = cap.double()[:, None]
+    capped = c[..., None] * torch.where(L_den[..., None] == 0, 0.0, L_num / L_den[..., None]) + (1 - c[..., None]) * exact
+    return torch.where(((share > c) & visible.any(-1))[..., None], capped, free)
+
+
+def capped_inputs(B, H, Hs, N, D, F, device="cpu", seed=0):
+    """Decode inputs whose state's share is large (a small exact gate), and caps per row, one of
+    them 1 (no cap)."""
+    x = make_inputs(B, H, Hs, N, D, F, device=device, seed=seed)
+    x["gate"] = torch.full_like(x["gate"], 0.02)
+    cap = torch.tensor([0.05, 1.0, 0.3][:B], device=device)
+    return x, cap
+
+
+MIXING_WITH_STATE = [r for r in RULES if r != "softmax_only"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(mixing=st.sampled_from(MIXING_WITH_STATE), B=st.integers(1, 3), G=st.integers(1, 3), N=st.integers(0, 20), seed=seeds)
+def test_property_reference_share_cap_matches_explicit(mixing, B, G, N, seed):
+    x, cap = capped_inputs(B, 2 * G, 2, N, 8, 4, seed=seed)
+    got = ref.decode_step(**x, mixing=mixing, scale=0.3, share_cap=cap)
+    assert_close_rel(explicit_capped(x, mixing, 0.3, cap), got, 1e-5)
+
+
+def test_the_share_cap_changes_the_capped_rows_only():
+    x, cap = capped_inputs(2, 4, 2, 12, 8, 4)
+    free = ref.decode_step(**x, mixing="lola_authors", scale=0.3)
+    capped = ref.decode_step(**x, mixing="lola_authors", scale=0.3, share_cap=cap)
+    assert torch.equal(capped[1], free[1])  # cap 1: no cap
+    assert not torch.allclose(capped[0], free[0])  # cap 0.05 binds (the checks above can fail)
+
+
+@pytest.mark.parametrize("mixing", MIXING_WITH_STATE)
+@pytest.mark.parametrize("offsets", [None, (0, 0, 9), (0, 70, 75)])
+def test_triton_share_cap_matches_reference(triton_device, mixing, offsets):
+    x, cap = capped_inputs(3, 4, 2, 65, 16, 8, device=triton_device)
+    ragged = None if offsets is None else make_ragged(3, offsets, 16, torch.float32, triton_device, seed=1)
+    expected = ref.decode_step(**x, mixing=mixing, scale=0.25, ragged=ragged, share_cap=cap)
+    with K.use_backend("triton"):
+        o = K.decode_step(**x, mixing=mixing, scale=0.25, ragged=ragged, share_cap=cap)
+    assert_close_rel(expected, o, 1e-5)
+
+
+def test_share_cap_validation():
+    x, cap = capped_inputs(2, 4, 2, 5, 8, 4)
+    with pytest.raises(ValueError, match=r"share_cap must be a \[B\] = \(2,\) floating tensor"):
+        K.decode_step(**x, mixing="lola_authors", scale=1.0, share_cap=cap[:1])
+    with pytest.raises(ValueError, match=r"share_cap must hold values in \(0, 1\]"):
+        K.decode_step(**x, mixing="lola_authors", scale=1.0, share_cap=torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"softmax_only does not read it"):
+        K.decode_step(**x, mixing="softmax_only", scale=1.0, share_cap=cap)

@@ -169,6 +169,7 @@ class LoLAMemory(LayerState):
         feature_map_k: FeatureFn,
         gate: torch.Tensor,
         mixing: str,
+        share_cap: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One new token per row (no padding): the block loop's one-token case (the loop of
         :meth:`attend`: write it, run the step if it falls on it), read and mixed with one
@@ -181,6 +182,7 @@ class LoLAMemory(LayerState):
             k, v: ``[B, Hs, 1, D]``.
             scale: softmax scale; feature_map_k: ``φ`` for keys.
             gate: ``[H]`` softmax weight per head; mixing: a :data:`lola.core.mixing.MIXING_RULES` name.
+            share_cap: ``[B]`` the linear state's largest share per row (``1``: none), or ``None``.
 
         Returns:
             ``[B, H, D]`` float32 outputs.
@@ -188,6 +190,6 @@ class LoLAMemory(LayerState):
         self._require_allocated()
         if not self.decodes_fused:
             raise RuntimeError(f"{self!r} cannot use the fused decode step (custom exact memories or attention-scored policy): use attend()")
-        reads = DecodeRead(self, q, fq, scale, gate, mixing)
+        reads = DecodeRead(self, q, fq, scale, gate, mixing, share_cap)
         run_blocks(self, q, k, v, None, scale, feature_map_k, reads, host=True)
         return reads.result()

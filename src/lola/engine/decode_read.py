@@ -28,10 +28,14 @@ class DecodeRead:
         q: ``[B, H, 1, D]``; fq: ``[B, H, 1, F]``, or ``None`` (``softmax_only``).
         scale: softmax scale; gate: ``[H]`` softmax weight per head; mixing: a
             :data:`lola.core.mixing.MIXING_RULES` name.
+        share_cap: ``[B]`` the linear state's largest share per row (``1``: none), or ``None``.
     """
 
-    def __init__(self, memory: LayerState, q: torch.Tensor, fq: torch.Tensor | None, scale: float, gate: torch.Tensor, mixing: str) -> None:
+    def __init__(
+        self, memory: LayerState, q: torch.Tensor, fq: torch.Tensor | None, scale: float, gate: torch.Tensor, mixing: str, share_cap: torch.Tensor | None = None
+    ) -> None:
         self.memory, self.q, self.fq, self.scale, self.gate, self.mixing = memory, q, fq, scale, gate, mixing
+        self.share_cap = share_cap
         self._out: torch.Tensor | None = None
 
     def add(self, start: int, count: int) -> None:
@@ -51,7 +55,9 @@ class DecodeRead:
             k = mem.exact_view(block.k, block.pos, first, newest)
             if ragged is not None:
                 ragged = RaggedSlots(mem.exact_view(ragged.k, ragged.pos, first, newest), ragged.v, ragged.pos, ragged.offsets)
-        self._out = decode_step(self.q[:, :, 0], k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, ragged=ragged, check=False)
+        self._out = decode_step(
+            self.q[:, :, 0], k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, ragged=ragged, share_cap=self.share_cap, check=False
+        )
 
     def result(self) -> torch.Tensor:
         """``[B, H, D]`` float32 outputs."""

@@ -11,8 +11,9 @@ The choice is read at *call time*, in this order:
 ``reference`` always the pure-PyTorch reference.
 
 Under ``auto``, a call that allows it (``fused=True``: the softmax partials of a caller that
-reads only ``num / den`` and ``den · e^max``) of an op with a fused form (:data:`FUSED_OPS`:
-PyTorch's fused CPU attention) runs that form on CPU tensors that need no gradient;
+reads only ``num / den`` and ``den · e^max``; every decode step) of an op with a fused form
+(:data:`FUSED_OPS`: PyTorch's fused CPU attention, a decode step in few calls) runs that form on
+CPU tensors that need no gradient;
 ``reference`` forces the definition everywhere.
 
 Whatever is requested, a call that autograd must differentiate (grad mode on and an input
@@ -146,9 +147,9 @@ def record_calls() -> Iterator[collections.Counter]:
 
 _MODULES: dict[tuple[str, str], object] = {}
 
-FUSED_OPS = frozenset({"softmax_partial"})
-"""Ops with a ``fused.py`` beside their reference: fused PyTorch calls on a CPU (tested against
-the reference), taken under ``auto`` where the reference would run and the call allows it."""
+FUSED_OPS = frozenset({"softmax_partial", "decode_step"})
+"""Ops with a ``fused.py`` beside their reference: fewer, fused PyTorch calls on a CPU (tested
+against the reference), taken under ``auto`` where the reference would run and the call allows it."""
 
 PACKAGE_OF_OP = {
     "chunk_linear_attention": "linear_attention",

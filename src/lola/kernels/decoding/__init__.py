@@ -45,6 +45,7 @@ def decode_step(
     scale: float,
     *,
     ragged: Optional[RaggedSlots] = None,
+    share_cap: Optional[torch.Tensor] = None,
     check: bool = True,
 ) -> torch.Tensor:
     """Attention output for one new query token per row.
@@ -68,6 +69,9 @@ def decode_step(
             [B, S, D]``, ``pos [B, S]``, head ``h`` owns ``offsets[h]:offsets[h + 1]``); the
             same as concatenating :func:`~lola.kernels.pad_ragged` to the cache along ``N``.
             ``None``: only the cache.
+        share_cap: ``[B]`` fp32, the linear state's largest share of each row's output where an
+            exact slot is visible (``1``: no cap; :func:`lola.core.mixing.mix_partials`), or
+            ``None``: no cap. Not with ``softmax_only`` (the state has no share to cap).
         check: validate shapes, dtypes and devices first (``False`` only for callers that
             built the inputs themselves, such as the LoLA engine on its decode path).
 
@@ -76,9 +80,25 @@ def decode_step(
     """
     if check:
         check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing, ragged)
+        if share_cap is not None:
+            check_share_cap(share_cap, q, mixing)
     extra = () if ragged is None else (ragged.k, ragged.v, ragged.pos)  # they decide the backend too
-    fn = implementation("decode_step", q, k, v, fq, H, s, gate, *extra)
-    return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale, ragged)
+    fn = implementation("decode_step", q, k, v, fq, H, s, gate, *extra, fused=True)  # (the fused form is exact: any rule)
+    return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale, ragged, share_cap)
 
 
-__all__ = ["decode_step", "mix_partials", "MIXING_RULES", "check_inputs"]
+def check_share_cap(share_cap: torch.Tensor, q: torch.Tensor, mixing: str) -> None:
+    """``share_cap`` must be a ``[B]`` floating tensor of values in ``(0, 1]`` on ``q``'s device,
+    and the rule one that mixes (``softmax_only`` has no share to cap)."""
+    if mixing == "softmax_only":
+        raise ValueError("share_cap needs a rule that mixes the linear state; softmax_only does not read it")
+    if not isinstance(share_cap, torch.Tensor) or tuple(share_cap.shape) != (q.shape[0],) or not share_cap.is_floating_point():
+        got = f"{tuple(share_cap.shape)} {share_cap.dtype}" if isinstance(share_cap, torch.Tensor) else type(share_cap).__name__
+        raise ValueError(f"share_cap must be a [B] = ({q.shape[0]},) floating tensor (one cap per row), got {got}")
+    if share_cap.device != q.device:
+        raise ValueError(f"share_cap must be on {q.device}, got {share_cap.device}")
+    if not bool(((share_cap > 0) & (share_cap <= 1)).all()):
+        raise ValueError("share_cap must hold values in (0, 1] (1: no cap)")
+
+
+__all__ = ["decode_step", "mix_partials", "MIXING_RULES", "check_inputs", "check_share_cap"]

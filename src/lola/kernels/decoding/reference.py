@@ -49,6 +49,7 @@ def decode_step(
     mixing: str,
     scale: float,
     ragged: Optional[RaggedSlots] = None,
+    share_cap: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Reference decode step: :func:`softmax_partial` with one query + :func:`mix_partials`.
 
@@ -58,6 +59,7 @@ def decode_step(
         s: ``[B, H, F]`` fp32; gate: ``[H]`` fp32. fq/H/s may be None for ``softmax_only``.
         ragged: extra slots per storage head (``k, v [B, S, D]``, ``pos [B, S]``, ``offsets``),
         every non-empty one visible too, or ``None``.
+        share_cap: ``[B]`` the linear state's largest share per row (``1``: none), or ``None``.
 
     Returns:
         ``o [B, H, D]`` fp32.
@@ -73,4 +75,5 @@ def decode_step(
     if mixing == "softmax_only":
         return safe_divide(e_num, e_den)[:, :, 0]
     linear = read_linear_state(fq.unsqueeze(2), H, s)  # [B, H, 1, D], [B, H, 1]
-    return mix_partials(e_num, e_den, e_max, linear.num, linear.den, gate, mixing)[:, :, 0]
+    cap = None if share_cap is None else share_cap.float()[:, None, None]  # [B, 1, 1]: one per row
+    return mix_partials(e_num, e_den, e_max, linear.num, linear.den, gate, mixing, cap)[:, :, 0]

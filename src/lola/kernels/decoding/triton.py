@@ -45,6 +45,7 @@ def decode_step_fwd_kernel(
     h,
     s,
     gate,
+    cap,
     o,
     scale,
     N,
@@ -60,6 +61,7 @@ def decode_step_fwd_kernel(
     MIXING: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_RAGGED: tl.constexpr,
+    HAS_CAP: tl.constexpr,
 ):
     # MIXING: 0 lolcats, 1 lolcats_affine, 2 lola_authors, 3 softmax_only
     # rk, rv: [B, S, D], r_pos: [B, S], r_offsets: [Hs + 1] (a ragged run; unread without HAS_RAGGED)
@@ -133,6 +135,16 @@ def decode_step_fwd_kernel(
     b_zero = b_den == 0.0
     b_o = b_num / tl.where(b_zero, 1.0, b_den)[:, None]
     b_o = tl.where(b_zero[:, None], 0.0, b_o)
+    if HAS_CAP:
+        # The state's share b·L_den / (a·E_den + b·L_den) above the row's cap c (where an exact
+        # slot is visible): the two reads mixed at c instead (lola.core.mixing.mix_partials).
+        b_c = tl.load(cap + i_b).to(tl.float32)
+        b_lin = b_b * b_lden
+        b_share = tl.where(b_zero, 0.0, b_lin / tl.where(b_zero, 1.0, b_den))
+        b_lread = tl.where((b_lden == 0.0)[:, None], 0.0, b_lnum / tl.where(b_lden == 0.0, 1.0, b_lden)[:, None])
+        b_eread = tl.where((b_l == 0.0)[:, None], 0.0, b_acc / tl.where(b_l == 0.0, 1.0, b_l)[:, None])
+        b_capped = b_c * b_lread + (1.0 - b_c) * b_eread
+        b_o = tl.where(((b_share > b_c) & (b_l > 0.0))[:, None], b_capped, b_o)
     tl.store(o + o_row[:, None] * D + o_d[None, :], b_o, mask=m_gd)
 
 
@@ -148,6 +160,7 @@ def decode_step(
     mixing: str,
     scale: float,
     ragged: Optional[RaggedSlots] = None,
+    share_cap: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Triton version of :func:`..reference.decode_step` (same contract).
 
@@ -155,6 +168,7 @@ def decode_step(
         q: ``[B, H, D]``; k, v: ``[B, Hs, N, D]``; k_pos: ``[B, Hs, N]``; fq: ``[B, H, F]``;
         H: ``[B, H, F, D]`` fp32; s: ``[B, H, F]`` fp32; gate: ``[H]``;
         ragged: ``k, v [B, S, D]``, ``pos [B, S]``, ``offsets`` (``Hs + 1``), or ``None``.
+        share_cap: ``[B]`` the linear state's largest share per row, or ``None``.
 
     Returns:
         ``o [B, H, D]`` fp32.
@@ -177,6 +191,8 @@ def decode_step(
         F = fq.shape[-1]
         fq, H, s = fq.contiguous(), H.float().contiguous(), s.float().contiguous()
     rk, rv, r_pos, r_offsets, S = kernel_args(ragged, q, dtype)
+    has_cap = share_cap is not None and mixing != "softmax_only"
+    cap = share_cap.float().contiguous() if has_cap else gate  # (never read without HAS_CAP)
     BD = block_size(D)
     with device_guard(q):
         decode_step_fwd_kernel[(B * Hs,)](
@@ -192,6 +208,7 @@ def decode_step(
             H,
             s,
             gate,
+            cap,
             o,
             float(scale),
             N,
@@ -206,5 +223,6 @@ def decode_step(
             MIXING=rule,
             PRECISION=dot_precision(dtype),
             HAS_RAGGED=S > 0,
+            HAS_CAP=has_cap,
         )
     return o

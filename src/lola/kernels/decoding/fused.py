@@ -1,0 +1,102 @@
+"""One decode step in few PyTorch calls: the decode step on a CPU.
+
+The reference (:mod:`.reference`) builds the step from the library's general parts: softmax
+partials shifted by their max (:func:`~lola.kernels.softmax_partial`), the linear read, and
+:func:`~lola.core.mixing.mix_partials`, which divides, weighs and caps in separate passes. On a
+CPU a decoded token is bound by the number of calls, not by their arithmetic (one query per
+head over a few hundred slots): this form computes the same output in about half the calls.
+
+The exact sums are shifted by the max ``m`` as the reference's are (``E_num, E_den``), so every
+rule is ``o = (a E_num + b L_num) / (a E_den + b L_den)`` with the weights of
+:func:`~lola.core.mixing.mixing_weights`, and the cap compares the same share. The reference stays the
+definition; this form is tested against it (``tests/kernels/test_decoding_fused.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..exact_attention.reference import _slot_heads
+from ..ragged import RaggedSlots
+from . import reference
+
+__all__ = ["decode_step"]
+
+
+def decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pos: torch.Tensor,
+    fq: Optional[torch.Tensor],
+    H: Optional[torch.Tensor],
+    s: Optional[torch.Tensor],
+    gate: torch.Tensor,
+    mixing: str,
+    scale: float,
+    ragged: Optional[RaggedSlots] = None,
+    share_cap: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`lola.kernels.decode_step` in few calls (same arguments and result).
+
+    Args:
+        q: ``[B, H, D]``; k, v: ``[B, Hs, N, D]``; k_pos: ``[B, Hs, N]`` (``-1`` = empty);
+        fq: ``[B, H, F]``; H: ``[B, H, F, D]``; s: ``[B, H, F]`` (``None`` with
+        ``softmax_only``); gate: ``[H]``; ragged: a run of extra slots per storage head, or
+        ``None``; share_cap: ``[B]``, or ``None``.
+
+    Returns:
+        ``o [B, H, D]`` fp32.
+    """
+    if mixing == "softmax_only" and ragged is None:
+        return reference.softmax_over_slots(q, k, v, k_pos, scale)
+    B, Hq, D = q.shape
+    Hs, N = k.shape[1], k.shape[2]
+    G = Hq // Hs
+    qs = q.float() * scale  # [B, H, D]
+    scores = (qs.view(B, Hs, G, D) @ k.float().transpose(-1, -2)).view(B, Hq, N)
+    visible = k_pos >= 0  # [B, Hs, N]
+    if ragged is not None:
+        # Every query head scores the whole run as one product of [B, H, D] by [B, D, S] (no
+        # copy of the run per head); other heads' slots are masked like empty ones.
+        heads = _slot_heads(tuple(ragged.offsets), q.device)  # [S]
+        own = (heads == torch.arange(Hs, device=q.device)[:, None])[None] & (ragged.pos >= 0)[:, None, :]  # [B, Hs, S]
+        scores = torch.cat([scores, qs @ ragged.k.float().transpose(1, 2)], dim=-1)  # [B, H, N + S]
+        visible = torch.cat([visible, own], dim=-1)
+    scores = scores.view(B, Hs, G, -1).masked_fill(~visible[:, :, None, :], float("-inf")).view(B, Hq, -1)
+    m = scores.amax(-1) if scores.shape[-1] else scores.new_full(scores.shape[:-1], float("-inf"))  # [B, H]
+    # nothing visible: m = -inf, shifted by a finite number so that exp(-inf) = 0 (as the reference)
+    p = torch.exp(scores - m.clamp_min(torch.finfo(torch.float32).min)[..., None])
+    e_num = (p[..., :N].view(B, Hs, G, N) @ v.float()).view(B, Hq, D)
+    if ragged is not None:
+        e_num = e_num + p[..., N:] @ ragged.v.float()
+    e_den = p.sum(-1)  # [B, H]
+    if mixing == "softmax_only":
+        return _divide(e_num, e_den)
+    fqf = fq.float()
+    l_num = (fqf[:, :, None] @ H.float()).squeeze(-2)  # [B, H, D]
+    l_den = (fqf * s.float()).sum(-1)  # [B, H]
+    w = gate.float().view(1, Hq)
+    if mixing == "lola_authors":  # unshifted sums e^m E, both sides scaled by e^{-c}, c = max(m, 0)
+        c = m.clamp_min(0.0)
+        a, b = w * torch.exp(m - c), (1 - w) * torch.exp(-c)
+    else:
+        a, b = w, (torch.ones_like(w) if mixing == "lolcats" else 1 - w)
+    lin_den = b * l_den
+    den = a * e_den + lin_den
+    o = _divide(a[..., None] * e_num + b[..., None] * l_num, den)
+    if share_cap is not None:
+        # Where the state's share b·L_den / den exceeds the row's cap (and an exact slot is
+        # visible), the two reads mixed at the cap (lola.core.mixing.mix_partials).
+        cap = share_cap.float().view(B, 1)
+        share = _divide(lin_den[..., None], den)[..., 0]
+        capped = cap[..., None] * _divide(l_num, l_den) + (1 - cap[..., None]) * _divide(e_num, e_den)
+        o = torch.where(((share > cap) & (e_den > 0))[..., None], capped, o)
+    return o
+
+
+def _divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den[..., None]``, ``0`` where ``den == 0``."""
+    return torch.where((den == 0)[..., None], 0.0, num / den[..., None])

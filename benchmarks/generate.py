@@ -1,6 +1,7 @@
 """Prefill and decode speed and cache size of LoLA vs stock transformers on SmolLM2-135M-Instruct.
 
     python benchmarks/generate.py [--contexts 1024 4096 8192 16384] [--decode 16] [--configs uniform calibrated] [--prefill-chunk 256]
+    python benchmarks/generate.py --feature-maps smollm2-135m-instruct [--policy learned] [--contexts 2048 4096]
 
 Methods: stock (SDPA attention + DynamicCache) and LoLA (apply_lola + LoLACache, SRE) in each
 of ``--configs``: ``uniform`` and ``calibrated`` are the lola method as ``lola niah`` runs it
@@ -16,6 +17,9 @@ Prefill throughput at a context is that of the 1,024-token segment ending there 
 segment for 1024; the segment from 15K to 16K for 16384). Prints tokens/s, ms/token and cache
 bytes per context, then the ratios LoLA vs stock at the smallest and the largest context, and
 LoLA's decode at the largest context vs its own at the smallest, and calibrated vs uniform.
+With ``--feature-maps``, LoLA is the linearized model as the default ``lola niah`` runs its
+``lola-<policy>`` method (the shipped maps and adapters, the paper's rule, calibrated budgets, the
+share cap, bounded positions, the prefill's chunk), against stock attention on the stock weights.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ def main() -> None:
     parser.add_argument(
         "--prefill-chunk", type=int, nargs="+", default=[64], help="tokens between steps within a prefill segment, one run each (multiples of 64; default: 64)"
     )
+    parser.add_argument("--feature-maps", help="time the linearized model as `lola niah` runs its lola method (a shipped name or folder)")
+    parser.add_argument("--policy", default="learned", help="with --feature-maps: the lola method's policy")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -90,6 +96,17 @@ def main() -> None:
     print("stock transformers (SDPA + DynamicCache)")
     stock = run(model, ids, contexts, args.decode, DynamicCache, stock_bytes)
     results = {}
+    if args.feature_maps:
+        from lola.eval.niah_spec import NiahRun, method_configs
+        from lola.pretrained.folder import read_feature_maps
+
+        run_spec = NiahRun(model=args.model, feature_maps=args.feature_maps, methods=["lola"], policies=[args.policy], lengths=contexts, samples=1)
+        ((name, cfg),) = method_configs(run_spec).items()
+        apply_lola(model, cfg, feature_maps=read_feature_maps(args.feature_maps))
+        print(describe(name, cfg))
+        results[name] = run(model, ids, contexts, args.decode, lambda: LoLACache(model), lambda c: c.nbytes())
+        remove_lola(model)
+        args.configs = []
     for config in args.configs:
         for prefill in args.prefill_chunk:
             name = config if len(args.prefill_chunk) == 1 else f"{config}, prefill chunk {prefill}"

@@ -260,3 +260,28 @@ def test_a_schedule_off_the_period_grid_is_refused():
     fmap = lola.feature_maps.build_feature_map("elu", 2, 8, 4)
     with pytest.raises(ValueError, match="steps after positions P-1, 2P-1"):
         lola.LoLAAttention(2, 8, memory_factory=memory, feature_map_q=fmap, feature_map_k=fmap, positions=BoundedPositions(rotary(8), 8, 8))
+
+
+@settings(max_examples=15, deadline=None)
+@given(t=st.integers(22, 40), cut=st.data(), seed=seeds)
+def test_a_decoded_token_reads_the_run_as_it_is_after_rows_are_reordered_mid_period(t, cut, seed):
+    """Decoded tokens past ``exact_distance`` read the ragged run through a view rotated once
+    per schedule period; rows reordered within a period (beam search) are read as they now are:
+    the outputs equal those of the rows decoded in the new order from the start."""
+    attn = evicting_layer("bounded", seed, [5, 1], "sre", distance=12)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(2, t, 4, 8, generator=g), torch.randn(2, t, 2, 8, generator=g), torch.randn(2, t, 2, 8, generator=g)
+    first = cut.draw(st.integers(14, t - 4))
+    swap = cut.draw(st.integers(first + 1, t - 2))  # a token after which the rows swap
+    flip = torch.tensor([1, 0])
+    with torch.no_grad():
+        _, state = attn(q[:, :first], k[:, :first], v[:, :first])
+        _, want_state = attn(q[flip, :first], k[flip, :first], v[flip, :first])
+        for i in range(first, t):
+            if i == swap:
+                state.select_rows(flip)
+            rows = flip if i >= swap else torch.arange(2)
+            o, state = attn(q[rows, i : i + 1], k[rows, i : i + 1], v[rows, i : i + 1], state=state)
+            want, want_state = attn(q[flip, i : i + 1], k[flip, i : i + 1], v[flip, i : i + 1], state=want_state)
+            if i >= swap:
+                assert_rel_close(want, o, 1e-5)

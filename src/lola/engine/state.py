@@ -154,6 +154,9 @@ class LayerState:
         # Whether a segment's exact reads must give the largest score as their max (the layer's
         # mixing rule reads it, as lolcats does); False lets a CPU read them by fused attention.
         self.exact_max = True
+        # The ragged run as decoded tokens read it under bounded positions, kept for the
+        # schedule period it was rotated for (ragged_view): (key, view).
+        self._ragged_view: tuple[torch.Tensor, tuple, RaggedSlots] | None = None
 
     @property
     def storage(self) -> str:
@@ -411,6 +414,27 @@ class LayerState:
         if self.slots.allocated:
             self.slots.snapshot()
         return [(m.block.k, m.block.v, m.block.pos) for m in self.exact_memories if m.capacity], None
+
+    def ragged_view(self, ragged: RaggedSlots, newest: int) -> RaggedSlots:
+        """The ragged run as a decoded token at ``newest`` (every row there) reads it:
+        :meth:`exact_view` of its keys, rotated once per schedule period and kept (the run
+        changes only at a step, the read's position only from one period to the next). The kept
+        view is keyed on the run's tensors and the buffer's count of writes to them
+        (``SlotBuffer.run_writes``: a step, a load, a reorder), and not kept for a state bound to
+        a server's pages (which the server writes itself)."""
+        bounded = self.positions
+        if bounded is None or not bounded.moves_exact(newest):
+            return ragged
+        period = self.schedule.period
+        start = (newest + 1) // period * period - 1  # the period's first query (exact_view's)
+        run = self.slots.run
+        key = (self.slots.run_writes, start, ragged.offsets)
+        kept = self._ragged_view
+        if self.binding is None and kept is not None and kept[0] is run.k and kept[1] == key:
+            return kept[2]
+        view = RaggedSlots(self.exact_view(ragged.k, ragged.pos, newest, newest), ragged.v, ragged.pos, ragged.offsets)
+        self._ragged_view = (run.k, key, view)
+        return view
 
     def exact_view(self, k: torch.Tensor, pos: torch.Tensor, first: torch.Tensor | int, newest: int) -> torch.Tensor:
         """Exact keys ``k [B, ..., N, D]`` (positions ``pos [B, ..., N]``) as a read whose first

@@ -55,6 +55,7 @@ class SlotBuffer:
         self._views: dict = {}
         self.shared = False  # a snapshot refers to the current tensors: the next write copies
         self.run_shared = False  # the same for the ragged run
+        self.run_writes = 0  # writes to (or replacements of) the ragged run so far: what a kept view of it checks
 
     @property
     def head_widths(self) -> tuple[int, ...]:
@@ -111,6 +112,7 @@ class SlotBuffer:
         self.whole = self.run = None
         self._views = {}
         self.shared = self.run_shared = False
+        self.run_writes += 1
 
     def use(self, whole: KVBlock, run: KVBlock | None = None) -> None:
         """Hold ``whole``'s tensors as the buffer (fresh storage, or a server's pages), and ``run``'s
@@ -125,6 +127,7 @@ class SlotBuffer:
         self.whole, self.run = whole, run
         self._views = {}
         self.shared = self.run_shared = False
+        self.run_writes += 1
 
     @property
     def heads(self) -> int:
@@ -222,6 +225,7 @@ class SlotBuffer:
                 )  # never the caller's tensor
             self.run, self.run_shared = KVBlock(**new), False
         self._views.pop(self.ragged_name, None)
+        self.run_writes += 1
 
     def writes_in_place(self) -> bool:
         """Whether a memory may write into its view of the dense buffer directly (the ragged run's

@@ -52,14 +52,13 @@ class DecodeRead:
         if mem.positions is not None and mem.positions.moves_exact(mem.counts.host_range()[1] - 1):  # keys as the token reads them
             lo, newest = (x - 1 for x in mem.counts.host_range())
             first = mem.seen - 1  # the token's position
-            k = mem.exact_view(block.k, block.pos, first, newest)
-            if ragged is not None:
-                # rows at one position: the run's view of this schedule period, rotated once
-                ragged = (
-                    mem.ragged_view(ragged, newest)
-                    if lo == newest
-                    else RaggedSlots(mem.exact_view(ragged.k, ragged.pos, first, newest), ragged.v, ragged.pos, ragged.offsets)
-                )
+            if lo == newest:  # rows at one position: the slots' views of this schedule period, rotated once
+                k = mem.dense_view(block, newest)
+                ragged = None if ragged is None else mem.ragged_view(ragged, newest)
+            else:
+                k = mem.exact_view(block.k, block.pos, first, newest)
+                if ragged is not None:
+                    ragged = RaggedSlots(mem.exact_view(ragged.k, ragged.pos, first, newest), ragged.v, ragged.pos, ragged.offsets)
         self._out = decode_step(
             self.q[:, :, 0], k, block.v, block.pos, fq, H, s, self.gate, self.mixing, self.scale, ragged=ragged, share_cap=self.share_cap, check=False
         )

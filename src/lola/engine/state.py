@@ -157,6 +157,7 @@ class LayerState:
         # The ragged run as decoded tokens read it under bounded positions, kept for the
         # schedule period it was rotated for (ragged_view): (key, view).
         self._ragged_view: tuple[torch.Tensor, tuple, RaggedSlots] | None = None
+        self._dense_view: tuple[torch.Tensor, tuple, torch.Tensor] | None = None  # the same for the slots before the window's
 
     @property
     def storage(self) -> str:
@@ -435,6 +436,28 @@ class LayerState:
         view = RaggedSlots(self.exact_view(ragged.k, ragged.pos, newest, newest), ragged.v, ragged.pos, ragged.offsets)
         self._ragged_view = (run.k, key, view)
         return view
+
+    def dense_view(self, block: KVBlock, newest: int) -> torch.Tensor:
+        """The dense slots' keys (``block``: :meth:`exact_slots`) as a decoded token at ``newest``
+        (every row there) reads them: :meth:`exact_view`, with the slots before the window's
+        (sinks, a uniform sparse cache: they change only at steps and loads) rotated once per
+        schedule period and kept, and the window's as they are when none of them can be far
+        enough to move (its ring, pending slots included, within ``exact_distance``); else
+        :meth:`exact_view` itself. Kept as :meth:`ragged_view` keeps the run's (the buffer's
+        count of writes; never for a state bound to pages)."""
+        bounded = self.positions
+        if bounded is None or not bounded.moves_exact(newest):
+            return block.k
+        region = self.slots.regions.get(self.window.name) if self.buffered and self.binding is None else None
+        if region is None or region[1] != block.k.shape[2] or region[1] - region[0] > bounded.exact_distance:
+            return self.exact_view(block.k, block.pos, newest, newest)
+        a = region[0]
+        period = self.schedule.period
+        key = (self.slots.writes, (newest + 1) // period * period - 1)
+        kept = self._dense_view
+        if kept is None or kept[0] is not block.k or kept[1] != key:
+            kept = self._dense_view = (block.k, key, self.exact_view(block.k[:, :, :a], block.pos[:, :, :a], newest, newest))
+        return torch.cat([kept[2], block.k[:, :, a:]], dim=2)
 
     def exact_view(self, k: torch.Tensor, pos: torch.Tensor, first: torch.Tensor | int, newest: int) -> torch.Tensor:
         """Exact keys ``k [B, ..., N, D]`` (positions ``pos [B, ..., N]``) as a read whose first

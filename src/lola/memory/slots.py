@@ -56,6 +56,7 @@ class SlotBuffer:
         self.shared = False  # a snapshot refers to the current tensors: the next write copies
         self.run_shared = False  # the same for the ragged run
         self.run_writes = 0  # writes to (or replacements of) the ragged run so far: what a kept view of it checks
+        self.writes = 0  # the same for the dense buffer through write() (a window's in-place ring writes are not counted)
 
     @property
     def head_widths(self) -> tuple[int, ...]:
@@ -104,6 +105,7 @@ class SlotBuffer:
             self.whole = KVBlock(**fields)
             self._views = {k: v for k, v in self._views.items() if k == self.ragged_name}
             self.shared = False
+            self.writes += 1
         self.regions[name] = (a, a + width)
         self.width = a + width
 
@@ -113,6 +115,7 @@ class SlotBuffer:
         self._views = {}
         self.shared = self.run_shared = False
         self.run_writes += 1
+        self.writes += 1
 
     def use(self, whole: KVBlock, run: KVBlock | None = None) -> None:
         """Hold ``whole``'s tensors as the buffer (fresh storage, or a server's pages), and ``run``'s
@@ -128,6 +131,7 @@ class SlotBuffer:
         self._views = {}
         self.shared = self.run_shared = False
         self.run_writes += 1
+        self.writes += 1
 
     @property
     def heads(self) -> int:
@@ -179,6 +183,7 @@ class SlotBuffer:
         changed = [f for f in fields if getattr(block, f) is not getattr(view, f)]
         if not changed:
             return
+        self.writes += 1
         if name == self.ragged_name:
             self.write_run(self.runs.pack(block), changed)
             return

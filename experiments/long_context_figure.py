@@ -4,7 +4,7 @@
 
 Reads the summaries of ``lola niah`` runs (``results.json``; cells of one method at one length
 taken from the first file that has them) and draws two panels on one length axis: accuracy
-with its 95% Wilson interval, and cache MiB. A refused cell (full attention past the model's
+with its 95% Wilson interval (the methods drawn side by side around each length), and cache MiB. A refused cell (full attention past the model's
 context) is drawn as an ``x`` on the context line of the cache panel, and the context as a
 dashed line in both.
 """
@@ -54,13 +54,15 @@ def main() -> None:
     cells = read_cells(args.results)
     methods = args.methods or list(cells)
     fig, (acc, mib) = plt.subplots(1, 2, figsize=(10, 4))
-    for method in methods:
+    for i, method in enumerate(methods):
         by = cells.get(method, {})
         ran = sorted(n for n, c in by.items() if "refused" not in c)
         if ran:
             ys = [by[n]["accuracy"] for n in ran]
             err = [[y - by[n]["low"] for y, n in zip(ys, ran)], [by[n]["high"] - y for y, n in zip(ys, ran)]]
-            line = acc.errorbar(ran, ys, yerr=err, marker="o", capsize=3, label=method)
+            # methods side by side around each length (a log axis: a factor), so equal cells stay visible
+            shift = 2 ** (0.04 * (i - (len(methods) - 1) / 2))
+            line = acc.errorbar([n * shift for n in ran], ys, yerr=err, marker="o", capsize=3, label=method)
             color = line[0].get_color()
             mib.plot(ran, [by[n]["cache_bytes"] / 2**20 for n in ran], marker="o", color=color, label=method)
             refused = sorted(n for n, c in by.items() if "refused" in c)

@@ -14,12 +14,13 @@ from torch import nn
 
 from lola.config import LoLAConfig
 from lola.core.checks import require
-from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mix, mixing_weights
+from lola.core.mixing import MixingRule, kernel_mixing, linear_share, mixing_weights
 from lola.core.partials import LinearPartial, SoftmaxPartial
 from lola.core.positions import BoundedPositions, RotaryEmbedding
 from lola.core.thread_stack import pushed
 from lola.engine.composer import LoLAMemory, StateLayout
 from lola.feature_maps import FeatureMap, build_feature_map
+from lola.kernels import mix_partials
 from lola.memory import LinearState, SinkTokens, SlidingWindow, SparseCache
 from lola.policies import build as build_policy
 from lola.schedules import build as build_schedule
@@ -295,7 +296,8 @@ class LoLAAttention(nn.Module):
         # reads take another shift (fused attention on a CPU); an observer sees the reference's.
         state.exact_max = bool(observers) or kernel_mixing(self.mixing, self.affine) not in ("lola_authors", "softmax_only")
         exact, linear = state.attend(qh, fq, kh, vh, valid, self.scale, self.feature_map_k)
-        o = mix(exact, linear, gate, self.mixing, self.affine, cap)
+        # (the kernels' mix: the definition's output in two passes over the reads)
+        o = mix_partials(exact.num, exact.den, exact.max, linear.num, linear.den, gate, kernel_mixing(self.mixing, self.affine), cap)
         if observers:
             call = ObservedCall(self, exact, linear, gate, valid, state, cap)
             for callback in tuple(observers):

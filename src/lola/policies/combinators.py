@@ -304,14 +304,27 @@ def _repeats_dense(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, val
     ranked_valid = valid.gather(-1, order)
     if cut > 0:
         # An invalid candidate is a zero vector as the one repeated, and what is not above is
-        # zeroed: both stay below a positive cut.
-        sim = (unit @ (unit * ranked_valid[..., None]).transpose(-1, -2)).tril_(-1)
+        # zeroed: both stay below a positive cut. Rows in blocks against the columns before
+        # their block's end only: the strict lower triangle in about 5/8 of the full product.
+        others = (unit * ranked_valid[..., None]).transpose(-1, -2)
+        step = _REPEAT_ROWS
+        blocks = [_repeat_rows((unit[..., i : i + step, :] @ others[..., : i + step]).tril_(i - 1), cut, copies) for i in range(0, unit.shape[-2], step)]
+        repeated = torch.cat(blocks, dim=-1) if blocks else torch.zeros_like(ranked_valid)
     else:
         sim = unit @ unit.transpose(-1, -2)
         above = torch.ones(sim.shape[-1], sim.shape[-1], dtype=torch.bool, device=sim.device).tril_(-1)
-        sim.masked_fill_(~(above & ranked_valid[..., None, :]), -2.0)
-    repeated = sim.amax(dim=-1) >= cut if copies == 1 else (sim >= cut).sum(dim=-1) >= copies
+        repeated = _repeat_rows(sim.masked_fill_(~(above & ranked_valid[..., None, :]), -2.0), cut, copies)
     return torch.zeros_like(valid).scatter_(-1, order, repeated & ranked_valid)
+
+
+_REPEAT_ROWS = 128
+"""Rows of one block of :func:`_repeats_dense`'s similarity product."""
+
+
+def _repeat_rows(sim: torch.Tensor, cut: float, copies: int) -> torch.Tensor:
+    """``[..., R]`` bool: rows of ``sim [..., R, C]`` (zero or below ``cut`` where not compared)
+    with at least ``copies`` entries at ``cut``."""
+    return sim.amax(dim=-1) >= cut if copies == 1 else (sim >= cut).sum(dim=-1) >= copies
 
 
 def repeats_reference(v: torch.Tensor, scores: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, threshold: float, copies: int = 1) -> torch.Tensor:

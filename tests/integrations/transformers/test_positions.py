@@ -73,6 +73,24 @@ def test_positions_other_than_the_counts_of_real_tokens_are_refused():
         model(ids, attention_mask=mask, position_ids=positions, cache=LoLACache(model))
 
 
+def test_positions_found_right_once_are_compared_again_when_anything_moved():
+    # The check runs once per forward (one position_ids for every layer): a tensor that was
+    # right for one call, given again to a cache that has seen more or changed in place, is
+    # compared again.
+    model = short_model()
+    ids = torch.randint(0, 101, (2, 20))
+    positions = torch.arange(20).repeat(2, 1)
+    cache = LoLACache(model)
+    with torch.no_grad():
+        model(ids, position_ids=positions, cache=cache)
+        with pytest.raises(ValueError, match="bounds its positions.*other position_ids"):
+            model(ids, position_ids=positions, cache=cache)  # the counts moved on
+        positions.add_(1)
+        with pytest.raises(ValueError, match="bounds its positions.*other position_ids"):
+            model(ids, position_ids=positions, cache=LoLACache(model))  # changed in place
+        model(ids, position_ids=positions.sub_(1), cache=LoLACache(model))
+
+
 @pytest.mark.parametrize(
     "arch, overrides, match",
     [

@@ -32,6 +32,8 @@ class AnnouncedLayer(Protocol):
 _ANNOUNCED: ContextVar[AnnouncedLayer | None] = ContextVar("lola_announced_cache_layer", default=None)
 # The last 4D mask read, its segment length and the padding mask found in it.
 _LAST_MASK: ContextVar[tuple | None] = ContextVar("lola_last_attention_mask", default=None)
+# The last position_ids found right: the tensor, its version, the padding mask and the counts they matched.
+_LAST_POSITIONS: ContextVar[tuple | None] = ContextVar("lola_last_position_ids", default=None)
 
 
 def announce(layer: AnnouncedLayer) -> None:
@@ -238,10 +240,16 @@ def check_rotated_positions(position_ids: torch.Tensor | None, state: Any, paddi
     without positions derived from its mask). Padding entries are not compared."""
     if position_ids is None:
         return
-    from lola.core.checks import require
+    from lola.core.checks import reads_back, require
 
     b, t = padding.shape if padding is not None else (position_ids.shape[0], position_ids.shape[-1])
     seen = state.seen if state is not None and getattr(state, "allocated", False) else torch.zeros(b, dtype=torch.long, device=position_ids.device)
+    # transformers hands one position_ids tensor to every layer of a forward, whose states
+    # have seen the same counts: on a host device it is compared once per forward, not per layer.
+    counts = tuple(seen.tolist()) if reads_back(seen.device) else None
+    last = _LAST_POSITIONS.get()
+    if counts is not None and last is not None and last[0]() is position_ids and last[1] == position_ids._version and last[2] is padding and last[3] == counts:
+        return
     steps = padding.long().cumsum(dim=1) if padding is not None else torch.arange(1, t + 1, device=position_ids.device)[None, :]
     expected = seen.to(position_ids.device)[:, None] + steps - 1
     same = position_ids.expand(b, t) == expected
@@ -253,6 +261,8 @@ def check_rotated_positions(position_ids: torch.Tensor | None, state: Any, paddi
     )
     if not require(same.all(), message):
         raise ValueError(message)
+    if counts is not None:
+        _LAST_POSITIONS.set((weakref.ref(position_ids), position_ids._version, padding, counts))
 
 
 def register_attention() -> None:

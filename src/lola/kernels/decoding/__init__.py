@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
-from lola.core.mixing import MIXING_RULES, check_mixing, mix_partials
+from lola.core.mixing import MIXING_RULES, check_mixing
+from lola.core.mixing import mix_partials as mix_partials_reference
 
-from ..dispatch import implementation
+from ..dispatch import implementation, needs_grad, requested_backend
 from ..ragged import RaggedSlots, check_ragged
 from ..utils import check_float, check_linear_state, check_query_and_cache, check_same_device
+from . import fused
 
 
 def check_inputs(q, k, v, k_pos, fq, H, s, gate, mixing, ragged=None) -> None:
@@ -85,6 +87,29 @@ def decode_step(
     extra = () if ragged is None else (ragged.k, ragged.v, ragged.pos)  # they decide the backend too
     fn = implementation("decode_step", q, k, v, fq, H, s, gate, *extra, fused=True)  # (the fused form is exact: any rule)
     return fn(q, k, v, k_pos, fq, H, s, gate, mixing, scale, ragged, share_cap)
+
+
+def mix_partials(
+    e_num: torch.Tensor,
+    e_den: torch.Tensor,
+    e_max: torch.Tensor,
+    l_num: Optional[torch.Tensor],
+    l_den: Optional[torch.Tensor],
+    gate: torch.Tensor,
+    mixing: str,
+    share_cap: Optional[Union[float, torch.Tensor]] = None,
+) -> torch.Tensor:
+    """Mix exact softmax partials with linear-attention partials: the definition is
+    :func:`lola.core.mixing.mix_partials` (same arguments and result, up to rounding).
+
+    Under ``LOLA_KERNELS=auto`` or ``triton`` and without gradients, the form of
+    :mod:`.fused` runs (two passes over the ``[B, H, L, D]`` reads, on any device); under
+    ``reference``, or when autograd must differentiate, the definition.
+    """
+    check_mixing(mixing)
+    if requested_backend() == "reference" or needs_grad((e_num, e_den, e_max, l_num, l_den, gate, share_cap)):
+        return mix_partials_reference(e_num, e_den, e_max, l_num, l_den, gate, mixing, share_cap)
+    return fused.mix_partials(e_num, e_den, e_max, l_num, l_den, gate, mixing, share_cap)
 
 
 def check_share_cap(share_cap: torch.Tensor, q: torch.Tensor, mixing: str) -> None:

@@ -81,7 +81,7 @@ def test_positions_found_right_once_are_compared_again_when_anything_moved():
     ids = torch.randint(0, 101, (2, 20))
     positions = torch.arange(20).repeat(2, 1)
     cache = LoLACache(model)
-    with torch.no_grad():
+    with torch.inference_mode():  # (inference tensors: no version counter)
         model(ids, position_ids=positions, cache=cache)
         with pytest.raises(ValueError, match="bounds its positions.*other position_ids"):
             model(ids, position_ids=positions, cache=cache)  # the counts moved on

@@ -32,7 +32,7 @@ class AnnouncedLayer(Protocol):
 _ANNOUNCED: ContextVar[AnnouncedLayer | None] = ContextVar("lola_announced_cache_layer", default=None)
 # The last 4D mask read, its segment length and the padding mask found in it.
 _LAST_MASK: ContextVar[tuple | None] = ContextVar("lola_last_attention_mask", default=None)
-# The last position_ids found right: the tensor, its version, the padding mask and the counts they matched.
+# The last position_ids found right (a copy), the padding mask and the counts they matched.
 _LAST_POSITIONS: ContextVar[tuple | None] = ContextVar("lola_last_position_ids", default=None)
 
 
@@ -245,10 +245,11 @@ def check_rotated_positions(position_ids: torch.Tensor | None, state: Any, paddi
     b, t = padding.shape if padding is not None else (position_ids.shape[0], position_ids.shape[-1])
     seen = state.seen if state is not None and getattr(state, "allocated", False) else torch.zeros(b, dtype=torch.long, device=position_ids.device)
     # transformers hands one position_ids tensor to every layer of a forward, whose states
-    # have seen the same counts: on a host device it is compared once per forward, not per layer.
+    # have seen the same counts: on a host device the same values, padding and counts are
+    # compared once per forward, not per layer.
     counts = tuple(seen.tolist()) if reads_back(seen.device) else None
     last = _LAST_POSITIONS.get()
-    if counts is not None and last is not None and last[0]() is position_ids and last[1] == position_ids._version and last[2] is padding and last[3] == counts:
+    if counts is not None and last is not None and last[1] is padding and last[2] == counts and _same_tensor(last[0], position_ids):
         return
     steps = padding.long().cumsum(dim=1) if padding is not None else torch.arange(1, t + 1, device=position_ids.device)[None, :]
     expected = seen.to(position_ids.device)[:, None] + steps - 1
@@ -262,7 +263,11 @@ def check_rotated_positions(position_ids: torch.Tensor | None, state: Any, paddi
     if not require(same.all(), message):
         raise ValueError(message)
     if counts is not None:
-        _LAST_POSITIONS.set((weakref.ref(position_ids), position_ids._version, padding, counts))
+        _LAST_POSITIONS.set((position_ids.clone(), padding, counts))
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
 
 
 def register_attention() -> None:

@@ -35,7 +35,7 @@ class ScoringContext:
         fresh: in a select-and-evict step, how many candidates lead the block: slots ``[..., :fresh]``
             hold the tokens leaving the window at this step (empty where a row or head has fewer),
             the others the sparse cache's; ``None`` outside a step.
-        key_positions: ``None``, or ``(k [B, H, N, D], pos [B, H, N]) -> k`` the keys as the
+        key_positions: ``None``, or ``(k [B, Hs, N, D], pos [B, Hs, N]) -> k`` the keys as the
             feature maps see them (bounded positions: :class:`lola.core.positions.BoundedPositions`);
             :meth:`key_features` applies it, so a policy that needs ``φ(k)`` asks for it there.
         exact_positions: ``None``, or ``(k [B, Hs, N, D], pos [B, Hs, N]) -> k`` the keys as the
@@ -111,10 +111,8 @@ class ScoringContext:
         if index is not None:
             block = block.gather(index)
         g = self.group(block)
-        k = self.expand_heads(block.k, g)
-        if self.key_positions is not None:
-            k = self.key_positions(k, self.expand_heads(block.pos, g))
-        fk = self.feature_map_k(k)
+        k = block.k if self.key_positions is None else self.key_positions(block.k, block.pos)  # per stored head: a rotation per token
+        fk = self.feature_map_k(self.expand_heads(k, g))
         self._features = (block.k, fk)
         return fk
 

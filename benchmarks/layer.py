@@ -203,6 +203,9 @@ def bench_decode(shape: Shape, variants, args, device, dtype, peak) -> List[str]
     )
 
     for (mixing, check), layer in layers.items():
+        # Each variant reads the state with layer0's weights (its features summed it) and owns it while timed.
+        layer.load_state_dict(layer0.state_dict())
+        layer.take(state)
         reads_linear = mixing != "softmax_only"
         token_bytes = B * H * D * it + 2 * B * Hkv * D * it + B * H * D * 4 + (B * H * F_ * 4 if reads_linear else 0)
         nbytes = slot_bytes + (linear_bytes if reads_linear else 0) + token_bytes

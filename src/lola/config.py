@@ -17,7 +17,7 @@ __all__ = ["LoLAConfig", "MAX_FEATURE_DIM", "MAX_HEADS", "MAX_TOKENS"]
 _MODEL_LEVEL_FIELDS = {"layer_overrides", "full_attention_layers"}
 # Fields every layer of a model shares (carried to each layer's config, never overridden per layer):
 # the positions a model may be fed depend on all of its layers bounding them alike.
-_SHARED_FIELDS = {"positions", "exact_distance", "state_positions"}
+_SHARED_FIELDS = {"positions", "exact_distance", "state_positions", "state_key_positions"}
 
 
 def _layer_index(value: Any) -> Any:
@@ -97,6 +97,13 @@ class LoLAConfig(BaseModel):
         state_positions: with ``positions="bounded"``, the feature maps see positions below
             this; ``None``: the length trained maps were trained at (their folder's
             ``linear_share_cap_from`` read default), else the model's ``max_position_embeddings``.
+        state_key_positions: with ``positions="bounded"``, where a key past ``state_positions``
+            enters the feature maps when it is folded into the linear state: ``"clamped"``
+            (default) at ``state_positions − 1``, where the queries past it are too (distance
+            zero); ``"spread"`` at its position modulo ``state_positions − window``, so that the
+            state's keys sit at distances from the window to ``state_positions`` from the query,
+            as in a stream the maps were trained on (docs/results.md, "Keys spread over the
+            trained distances").
         window_factor_init: initial per-head logit of the softmax weight ``w = sigmoid(·)``
             (LoLCATs: ``−2.1972``, i.e. ``w = 0.1``).
         feature_map: a name of :data:`lola.feature_maps.FEATURE_MAPS` (default
@@ -135,6 +142,7 @@ class LoLAConfig(BaseModel):
     positions: Literal["absolute", "bounded"] = "absolute"
     exact_distance: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] | None = None
     state_positions: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] | None = None
+    state_key_positions: Literal["clamped", "spread"] = "clamped"
     # sigmoid(window_factor_init) weighs the two terms: beyond +-1e4 it is 0 or 1 anyway.
     window_factor_init: Annotated[float, Strict(), Field(ge=-1e4, le=1e4, allow_inf_nan=False)] = -2.1972
     feature_map: Literal[FEATURE_MAPS] = DEFAULT_FEATURE_MAP
@@ -241,11 +249,17 @@ class LoLAConfig(BaseModel):
     def _limits_need_bounded_positions(self) -> "LoLAConfig":
         if self.positions == "absolute":
             given = [f for f in ("exact_distance", "state_positions") if getattr(self, f) is not None]
+            given += ["state_key_positions"] if self.state_key_positions != "clamped" else []
             if given:
                 raise ValueError(
                     f"{' and '.join(given)} bound the positions of reads only with positions='bounded', got positions='absolute': set positions='bounded' or leave {' and '.join(given)} unset"
                 )
         window = max(self.window_per_head) if self.window_per_head else self.window
+        if self.state_key_positions == "spread" and self.state_positions is not None and self.state_positions <= window:
+            raise ValueError(
+                f"state_key_positions='spread' places the state's keys at distances from the window ({window}) to state_positions ({self.state_positions}): "
+                "give state_positions above the window"
+            )
         if self.exact_distance is not None and self.exact_distance < window:
             raise ValueError(
                 f"exact_distance={self.exact_distance} is shorter than the window ({window}): the window's keys keep their true distances; give at least {window}"

@@ -39,6 +39,7 @@ __all__ = [
     "METHODS",
     "POSITION_OPTIONS",
     "PositionsOption",
+    "StateKeyPositionsOption",
     "StatePositionsOption",
     "holds_length",
     "position_options",
@@ -171,6 +172,13 @@ StatePositionsOption = Annotated[
     Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None,
     Field(description="with bounded positions, the feature maps see positions below this (none: the maps' trained length, else the model's context)"),
 ]
+StateKeyPositionsOption = Annotated[
+    Literal["clamped", "spread"] | None,
+    Field(
+        description="with bounded positions, where a folded key past the feature maps' trained positions enters them: clamped (at the "
+        "last trained position, as the queries past it) or spread (its distances from the query spread over the trained range); none: clamped"
+    ),
+]
 PrefillChunkOption = Annotated[
     Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None,
     Field(
@@ -178,7 +186,7 @@ PrefillChunkOption = Annotated[
         "between calls holds the window of one chunk); none: every chunk"
     ),
 ]
-POSITION_OPTIONS = ("positions", "exact_distance", "state_positions")
+POSITION_OPTIONS = ("positions", "exact_distance", "state_positions", "state_key_positions")
 """The names a run gives the position options (the :class:`~lola.LoLAConfig` fields they set)."""
 
 

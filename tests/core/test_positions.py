@@ -110,18 +110,23 @@ def absolute_inputs(q_raw, k_raw, rot):
     chunk=st.integers(1, 8),
     beyond=st.integers(0, 16),
     state_positions=st.integers(1, 40),
+    key_positions=st.sampled_from(["clamped", "spread"]),
     seed=seeds,
 )
-def test_bounded_reads_equal_a_reference_at_explicit_positions(t, heads, window, sinks, chunk, beyond, state_positions, seed):
+def test_bounded_reads_equal_a_reference_at_explicit_positions(t, heads, window, sinks, chunk, beyond, state_positions, key_positions, seed):
     """No sparse cache: the sliding-window + linear hybrid (invariant 3), its exact keys at the
-    positions the bounds assign and its features at positions below ``state_positions``."""
+    positions the bounds assign and its features at positions below ``state_positions`` (the
+    state's keys past it at ``state_positions − 1``, or spread: at ``j mod (state_positions −
+    window)``)."""
     h, h_kv = heads
     d = 8
     distance = max(1, window + beyond)  # at least the window (its keys keep their distances)
+    if key_positions == "spread":
+        state_positions = max(state_positions, window + 1)
     rot = rotary(d)
     cfg = lola.LoLAConfig(
         window=window, sparse_size=0, sinks=sinks, chunk=chunk, mixing="lolcats", feature_map="hedgehog",
-        positions="bounded", exact_distance=distance, state_positions=state_positions,
+        positions="bounded", exact_distance=distance, state_positions=state_positions, state_key_positions=key_positions,
     )  # fmt: skip
     torch.manual_seed(seed)
     attn = lola.compose(cfg, num_heads=h, head_dim=d, num_kv_heads=h_kv, rotary=rot)
@@ -135,8 +140,10 @@ def test_bounded_reads_equal_a_reference_at_explicit_positions(t, heads, window,
         group = h // h_kv
         k_raw_h, v_h = repeat_kv(k_raw, group), repeat_kv(v, group)
         clamp = torch.arange(t).clamp_max(state_positions - 1)[None, :, None]
+        j = torch.arange(t)
+        at_k = clamp if key_positions == "clamped" else torch.where(j >= state_positions, j % (state_positions - window), j)[None, :, None]
         fq = attn.feature_map_q(rope(q_raw, clamp.expand(1, t, h), rot.inv_freq).float().transpose(1, 2)).transpose(1, 2)
-        fk = attn.feature_map_k(rope(k_raw_h, clamp.expand(1, t, h), rot.inv_freq).float().transpose(1, 2)).transpose(1, 2)
+        fk = attn.feature_map_k(rope(k_raw_h, at_k.expand(1, t, h), rot.inv_freq).float().transpose(1, 2)).transpose(1, 2)
         logits = bounded_logits(q_raw, k_raw_h, rot, attn.scale, distance, chunk)
         mask = hybrid_exact_mask(t, window, sinks, chunk)
         gate = torch.sigmoid(attn.window_factors.view(-1))
@@ -144,8 +151,8 @@ def test_bounded_reads_equal_a_reference_at_explicit_positions(t, heads, window,
     assert_rel_close(ref, o, 1e-5)
 
 
-def evicting_layer(positions: str, seed: int, budgets: list[int] | None, policy: str, distance: int = 12, state_positions: int = 20):
-    bounded = dict(positions="bounded", exact_distance=distance, state_positions=state_positions) if positions == "bounded" else {}
+def evicting_layer(positions: str, seed: int, budgets: list[int] | None, policy: str, distance: int = 12, state_positions: int = 20, keys: str = "clamped"):
+    bounded = dict(positions="bounded", exact_distance=distance, state_positions=state_positions, state_key_positions=keys) if positions == "bounded" else {}
     cfg = lola.LoLAConfig(
         window=4, sparse_size=3, sinks=1, chunk=4, policy=policy, mixing="lola_authors", feature_map="hedgehog",
         sparse_size_per_head=budgets, **bounded,
@@ -163,12 +170,13 @@ def evicting_layer(positions: str, seed: int, budgets: list[int] | None, policy:
     budgets=st.sampled_from([None, [5, 1], [0, 6]]),
     policy=st.sampled_from(["sre", "recency", "key_norm", "attention", "expected_attention", "key_diff"]),
     cut=st.data(),
+    keys=st.sampled_from(["clamped", "spread"]),
     seed=seeds,
 )
-def test_bounded_layer_splits_and_resumes_as_one_call(t, budgets, policy, cut, seed):
+def test_bounded_layer_splits_and_resumes_as_one_call(t, budgets, policy, cut, keys, seed):
     """Invariant 5 with positions that move: any partition into calls (prefill, then tokens one
     by one through the fused decode step) gives the outputs of one call; ragged budgets too."""
-    attn = evicting_layer("bounded", seed, budgets, policy)
+    attn = evicting_layer("bounded", seed, budgets, policy, keys=keys)
     g = torch.Generator().manual_seed(seed)
     q, k, v = torch.randn(2, t, 4, 8, generator=g), torch.randn(2, t, 2, 8, generator=g), torch.randn(2, t, 2, 8, generator=g)
     with torch.no_grad():
@@ -188,12 +196,13 @@ def test_bounded_layer_splits_and_resumes_as_one_call(t, budgets, policy, cut, s
     budgets=st.sampled_from([None, [5, 1]]),
     policy=st.sampled_from(["sre", "recency", "attention"]),
     padded=st.booleans(),
+    keys=st.sampled_from(["clamped", "spread"]),
     seed=seeds,
 )
-def test_a_stream_inside_both_limits_reads_as_with_absolute_positions(t, budgets, policy, padded, seed):
+def test_a_stream_inside_both_limits_reads_as_with_absolute_positions(t, budgets, policy, padded, keys, seed):
     """Positions that do not move: a stream shorter than ``exact_distance`` and
     ``state_positions`` gives today's outputs and state, bit for bit."""
-    bounded, absolute = evicting_layer("bounded", seed, budgets, policy), evicting_layer("absolute", seed, budgets, policy)
+    bounded, absolute = evicting_layer("bounded", seed, budgets, policy, keys=keys), evicting_layer("absolute", seed, budgets, policy)
     g = torch.Generator().manual_seed(seed)
     q, k, v = torch.randn(2, t, 4, 8, generator=g), torch.randn(2, t, 2, 8, generator=g), torch.randn(2, t, 2, 8, generator=g)
     mask = torch.ones(2, t, dtype=torch.bool)
@@ -219,12 +228,51 @@ def test_far_keys_move_and_change_the_output():
     assert not torch.allclose(ob[:, 20:], oa[:, 20:], atol=1e-4)
 
 
+def test_spread_state_keys_change_the_state_past_its_limit_only():
+    """The state's keys spread (not clamped) once the stream passes ``state_positions``: the
+    same outputs before it, another linear state after it."""
+    clamped = evicting_layer("bounded", 0, None, "sre", distance=6, state_positions=8)
+    spread = evicting_layer("bounded", 0, None, "sre", distance=6, state_positions=8, keys="spread")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 40, 4, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g)
+    with torch.no_grad():
+        oc, sc = clamped(q, k, v)
+        os_, ss = spread(q, k, v)
+    assert torch.equal(oc[:, :8], os_[:, :8])
+    assert not torch.allclose(sc.linear.state[0], ss.linear.state[0], atol=1e-4)
+    assert not torch.equal(oc[:, 24:], os_[:, 24:])  # (the paper's rule gives the state a small share here)
+
+
+@settings(max_examples=30)
+@given(s=st.integers(2, 300), spread=st.data(), n=st.integers(1, 40), seed=seeds)
+def test_state_keys_spread_to_their_position_modulo_the_range(s, spread, n, seed):
+    """``state_keys`` with ``key_spread W``: a key at ``p >= S`` reads as the raw key rotated
+    at ``p mod (S − W)``, one below ``S`` and an empty slot (``-1``) as they are."""
+    w = spread.draw(st.integers(0, s - 1))
+    bounded = BoundedPositions(rotary(8), exact_distance=s, state_positions=s, key_spread=w)
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randn(1, 2, n, 8, generator=g)
+    pos = torch.randint(-1, 4 * s, (1, 2, n), generator=g)
+    k = rotary(8).rotate(raw, pos.clamp_min(0))
+    target = torch.where(pos >= s, pos % (s - w), pos.clamp_min(0))
+    expected = rope(raw.transpose(1, 2), target.transpose(1, 2), rotary(8).inv_freq).transpose(1, 2)
+    got = bounded.state_keys(k, pos)
+    assert_rel_close(expected, got, 1e-5)
+    assert torch.equal(got[pos < 0], k[pos < 0])
+
+
 # Refusals ----------------------------------------------------------------------------------------
 def test_limits_without_bounded_positions_are_refused():
     with pytest.raises(ValueError, match="exact_distance bound the positions of reads only with positions='bounded'"):
         lola.LoLAConfig(exact_distance=100)
     with pytest.raises(ValueError, match="state_positions"):
         lola.LoLAConfig(state_positions=100)
+    with pytest.raises(ValueError, match="state_key_positions bound the positions of reads only with positions='bounded'"):
+        lola.LoLAConfig(state_key_positions="spread")
+    with pytest.raises(ValueError, match=r"state_key_positions='spread' places the state's keys .* give state_positions above the window"):
+        lola.LoLAConfig(positions="bounded", window=16, state_positions=16, state_key_positions="spread")
+    with pytest.raises(ValueError, match=r"key_spread must be None or an int in \[0, state_positions=8\)"):
+        BoundedPositions(rotary(8), exact_distance=8, state_positions=8, key_spread=8)
 
 
 def test_limits_are_model_wide_and_the_window_keeps_its_distances():

@@ -15,7 +15,11 @@ absolute position ``n`` is therefore moved to any assigned position ``e`` by one
 - **the linear state**: queries and keys enter the feature maps at ``min(p, state_positions − 1)``,
   so the maps never see a position beyond those they were trained at (their kernel grows with
   absolute position past them: docs/results.md, "Long context: where the state's mass comes
-  from"). A key is folded once, at its assigned position.
+  from"). A key is folded once, at its assigned position. With ``key_spread = W``, a key past
+  the limit enters at ``p mod (state_positions − W)`` instead: a query there sits at
+  ``state_positions − 1``, so the state's keys are read at distances spread over
+  ``[W, state_positions)``, as in a stream the maps were trained on, not all at distance zero
+  (where a rotated ``q·k`` is largest: docs/results.md, "Keys spread over the trained distances").
 
 A stream shorter than both limits moves nothing: every delta is zero and the layer is today's.
 """
@@ -159,11 +163,15 @@ class BoundedPositions:
         exact_distance: the largest distance an exact read sees (plus the block's length):
             keys farther from a block's first query are read at this distance.
         state_positions: queries and keys enter the feature maps at positions below this.
+        key_spread: ``None``: the state's keys enter the maps as queries do; ``W``: a key past
+            ``state_positions`` enters at its position modulo ``state_positions − W`` (its
+            distance from a query there in ``[W, state_positions)``).
     """
 
     rotary: RotaryEmbedding
     exact_distance: int
     state_positions: int
+    key_spread: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.rotary, RotaryEmbedding):
@@ -172,6 +180,9 @@ class BoundedPositions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        spread = self.key_spread
+        if spread is not None and (isinstance(spread, bool) or not isinstance(spread, int) or not 0 <= spread < self.state_positions):
+            raise ValueError(f"key_spread must be None or an int in [0, state_positions={self.state_positions}), got {spread!r}")
 
     def moves_exact(self, newest: int) -> bool:
         """Whether a read whose first query is at most at ``newest`` may move a key (host ints:
@@ -207,3 +218,14 @@ class BoundedPositions:
             pos = pos[:, None, :]
         delta = torch.where(pos >= 0, (self.state_positions - 1 - pos).clamp_max(0), 0)
         return self.rotary.rotate(x, delta)
+
+    def state_keys(self, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Keys as the feature maps see them when they are folded into the state: ``k [B, H,
+        N, D]`` rotated at ``pos [B, H, N]`` (``-1``: an empty slot, left as it is), moved as
+        :meth:`state_inputs` moves them, or with ``key_spread`` ``W`` a key at ``p >=
+        state_positions`` to ``p mod (state_positions − W)``."""
+        if self.key_spread is None:
+            return self.state_inputs(k, pos)
+        s = self.state_positions
+        target = torch.where(pos >= s, pos % (s - self.key_spread), pos)
+        return self.rotary.rotate(k, torch.where(pos >= 0, target - pos, 0))

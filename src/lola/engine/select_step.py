@@ -78,7 +78,7 @@ def _state_positions(state: LayerState) -> Callable[[torch.Tensor, torch.Tensor]
     bounded = state.positions
     if bounded is None or not bounded.moves_state(state.counts.host_range()[1]):
         return None
-    return bounded.state_inputs
+    return bounded.state_keys
 
 
 def _exact_positions(state: LayerState) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:

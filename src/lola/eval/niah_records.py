@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, ValidationInfo, field_validator, model_validator
 
-from lola.config import validation_summary
+from lola.config import LoLAConfig, validation_summary
 from lola.eval.niah_report import summarize, summarize_by_depth
 from lola.eval.niah_spec import NiahRun, method_configs, run_inputs
 from lola.io.provenance import versions
@@ -297,7 +297,7 @@ def check_saved_configs(out_dir: str | Path, configs: dict[str, Any]) -> None:
         if method not in saved:
             continue
         now = None if config is None else config.model_dump(mode="json")
-        before = saved[method]
+        before = _with_new_fields(saved[method], now)
         if before == now:
             continue
         if isinstance(before, dict) and isinstance(now, dict):
@@ -309,6 +309,16 @@ def check_saved_configs(out_dir: str | Path, configs: dict[str, Any]) -> None:
             f"{out} holds samples of {method} run with another config than the same options give now ({detail}): "
             "lola's defaults changed since the run started; use another --out (or the version it started with)"
         )
+
+
+def _with_new_fields(before: Any, now: dict | None) -> Any:
+    """A saved config with the fields added to :class:`~lola.LoLAConfig` since it was saved
+    set to their defaults (what that version ran): a new field left at its default is the
+    same config."""
+    if not isinstance(before, dict) or not isinstance(now, dict):
+        return before
+    added = {k: LoLAConfig.model_fields[k].get_default(call_default_factory=True) for k in now.keys() - before.keys() if k in LoLAConfig.model_fields}
+    return {**before, **{k: v for k, v in added.items() if v == now[k]}}
 
 
 def _has_records(path: Path) -> bool:

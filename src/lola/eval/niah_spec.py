@@ -22,6 +22,7 @@ from lola.methods import (
     LinearShareCapOption,
     PositionsOption,
     PrefillChunkOption,
+    StateKeyPositionsOption,
     StatePositionsOption,
     linear_state_options,
     method_config,
@@ -95,6 +96,7 @@ class NiahRun(BaseModel):
     positions: PositionsOption = None
     exact_distance: ExactDistanceOption = None
     state_positions: StatePositionsOption = None
+    state_key_positions: StateKeyPositionsOption = None
     # At 8K the learned scorer filled heads' sparse caches with copies of the haystack's repeated
     # tokens; folding repeats answered more of the same prompts (docs/results.md, "What the
     # misses at 8K are"). Decided with the model and maps: on with trained maps, for the learned scorer.

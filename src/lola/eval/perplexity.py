@@ -32,6 +32,7 @@ from lola.methods import (
     LinearShareCapOption,
     PositionsOption,
     PrefillChunkOption,
+    StateKeyPositionsOption,
     StatePositionsOption,
     holds_length,
     linear_state_options,
@@ -72,6 +73,7 @@ class PerplexityRun(BaseModel):
     positions: PositionsOption = None
     exact_distance: ExactDistanceOption = None
     state_positions: StatePositionsOption = None
+    state_key_positions: StateKeyPositionsOption = None
     mixing: Literal[MIXING_NAMES] | None = Field(
         None, description="mixing rule of the lola method; none: the paper's lola_authors (with trained maps: lola.pretrained.resolve's default, the same)"
     )

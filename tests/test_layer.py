@@ -142,6 +142,19 @@ def test_bad_tensors(attn, mutate, err, match):
         attn(*mutate(*inputs()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_finite_inputs_whose_sum_overflows_are_accepted_and_a_decoded_nan_is_named(attn, dtype):
+    """The finiteness check sums the inputs: values near the dtype's largest are finite though
+    their sum is not, and are not refused (what the layer makes of them is another matter); a
+    NaN in one decoded token's ``v`` is named."""
+    q, k, v = inputs(dtype=dtype)
+    big = torch.finfo(dtype).max / 2
+    with torch.no_grad():
+        _, state = attn(q, k, v.clone().fill_(big))
+        with pytest.raises(ValueError, match="v contains non-finite"):
+            attn(q[:, :1], k[:, :1], v[:, :1].clone().fill_(float("nan")), state=state)
+
+
 def test_heads_must_divide():
     with pytest.raises(ValueError, match="multiple"):
         lola.compose(CFG, num_heads=4, head_dim=8, num_kv_heads=3)

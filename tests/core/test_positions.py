@@ -216,14 +216,17 @@ def test_a_stream_inside_both_limits_reads_as_with_absolute_positions(t, budgets
         assert torch.equal(x, sb.state_dict()[name]), name
 
 
-def test_far_keys_move_and_change_the_output():
-    """Past the limits the bounds change the reads (the property tests above are not vacuous)."""
-    bounded, absolute = evicting_layer("bounded", 0, None, "sre", distance=6, state_positions=8), evicting_layer("absolute", 0, None, "sre")
+def one_stream(*layers: lola.LoLAAttention) -> list[tuple[torch.Tensor, object]]:
+    """Each layer's ``(output, state)`` on the same 40 random tokens."""
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 40, 4, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g)
     with torch.no_grad():
-        ob, _ = bounded(q, k, v)
-        oa, _ = absolute(q, k, v)
+        return [layer(q, k, v) for layer in layers]
+
+
+def test_far_keys_move_and_change_the_output():
+    """Past the limits the bounds change the reads (the property tests above are not vacuous)."""
+    (ob, _), (oa, _) = one_stream(evicting_layer("bounded", 0, None, "sre", distance=6, state_positions=8), evicting_layer("absolute", 0, None, "sre"))
     assert torch.equal(ob[:, :6], oa[:, :6])
     assert not torch.allclose(ob[:, 20:], oa[:, 20:], atol=1e-4)
 
@@ -233,11 +236,7 @@ def test_spread_state_keys_change_the_state_past_its_limit_only():
     same outputs before it, another linear state after it."""
     clamped = evicting_layer("bounded", 0, None, "sre", distance=6, state_positions=8)
     spread = evicting_layer("bounded", 0, None, "sre", distance=6, state_positions=8, keys="spread")
-    g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 40, 4, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g)
-    with torch.no_grad():
-        oc, sc = clamped(q, k, v)
-        os_, ss = spread(q, k, v)
+    (oc, sc), (os_, ss) = one_stream(clamped, spread)
     assert torch.equal(oc[:, :8], os_[:, :8])
     assert not torch.allclose(sc.linear.state[0], ss.linear.state[0], atol=1e-4)
     assert not torch.equal(oc[:, 24:], os_[:, 24:])  # (the paper's rule gives the state a small share here)

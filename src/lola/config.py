@@ -255,11 +255,7 @@ class LoLAConfig(BaseModel):
                     f"{' and '.join(given)} bound the positions of reads only with positions='bounded', got positions='absolute': set positions='bounded' or leave {' and '.join(given)} unset"
                 )
         window = max(self.window_per_head) if self.window_per_head else self.window
-        if self.state_key_positions == "spread" and self.state_positions is not None and self.state_positions <= window:
-            raise ValueError(
-                f"state_key_positions='spread' places the state's keys at distances from the window ({window}) to state_positions ({self.state_positions}): "
-                "give state_positions above the window"
-            )
+        self.state_key_spread()
         if self.exact_distance is not None and self.exact_distance < window:
             raise ValueError(
                 f"exact_distance={self.exact_distance} is shorter than the window ({window}): the window's keys keep their true distances; give at least {window}"
@@ -311,6 +307,20 @@ class LoLAConfig(BaseModel):
         if name not in available():
             raise ValueError(f"unknown policy {name!r}; available: {', '.join(available())}")
         return name
+
+    def state_key_spread(self) -> int | None:
+        """The distance from which ``state_key_positions="spread"`` places the state's keys (the
+        largest window), ``None`` when they are clamped; refused, naming both, when
+        ``state_positions`` is set and not above it."""
+        if self.state_key_positions != "spread":
+            return None
+        window = max(self.window_per_head) if self.window_per_head else self.window
+        if self.state_positions is not None and self.state_positions <= window:
+            raise ValueError(
+                f"state_key_positions='spread' places the state's keys at distances from the window ({window}) to state_positions ({self.state_positions}): "
+                "give state_positions above the window"
+            )
+        return window
 
     @property
     def exact_budget(self) -> int:

@@ -599,12 +599,5 @@ def bounded_positions(cfg: LoLAConfig, rotary: RotaryEmbedding | None) -> Bounde
         raise ValueError(f"positions='bounded' needs {what}: apply_lola(model, cfg) takes them from the model; compose() needs them given")
     if not isinstance(rotary, RotaryEmbedding):
         raise TypeError(f"rotary must be a lola.RotaryEmbedding, got {type(rotary).__name__}")
-    spread = None
-    if cfg.state_key_positions == "spread":
-        spread = max(cfg.window_per_head) if cfg.window_per_head else cfg.window
-        if spread >= cfg.state_positions:
-            raise ValueError(
-                f"state_key_positions='spread' places the state's keys at distances from the window ({spread}) to state_positions "
-                f"({cfg.state_positions}): give state_positions above the window"
-            )
-    return BoundedPositions(rotary, cfg.exact_distance, cfg.state_positions, key_spread=spread)
+    # (limits filled in after validation, by resolve_positions, are checked here)
+    return BoundedPositions(rotary, cfg.exact_distance, cfg.state_positions, key_spread=cfg.state_key_spread())

@@ -274,6 +274,17 @@ def test_limits_without_bounded_positions_are_refused():
         BoundedPositions(rotary(8), exact_distance=8, state_positions=8, key_spread=8)
 
 
+def test_spread_keys_filled_in_limits_are_checked_when_the_layer_is_built():
+    """``state_positions`` filled in after validation (``resolve_positions`` copies the config):
+    a spread no longer above the window is refused where the layer's positions are built."""
+    from lola.layer import bounded_positions
+
+    cfg = lola.LoLAConfig(positions="bounded", window=16, state_key_positions="spread")
+    with pytest.raises(ValueError, match=r"distances from the window \(16\) to state_positions \(16\)"):
+        bounded_positions(cfg.model_copy(update={"state_positions": 16, "exact_distance": 32}), rotary(8))
+    assert bounded_positions(cfg.model_copy(update={"state_positions": 64, "exact_distance": 64}), rotary(8)).key_spread == 16
+
+
 def test_limits_are_model_wide_and_the_window_keeps_its_distances():
     with pytest.raises(ValueError, match=r"cannot override \['positions'\]"):
         lola.LoLAConfig(positions="bounded", layer_overrides={0: {"positions": "absolute"}})

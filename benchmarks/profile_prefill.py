@@ -10,7 +10,9 @@ method (the shipped maps, the paper's rule, calibrated budgets), timed first aga
 attention on the same tokens (one unprofiled forward each, same process). One warm-up
 forward, then one profiled forward on a fresh cache; prints the tokens/s of the profiled call
 (slowed by the profiler), the functions by own time, and lola's functions by cumulative time
-(the engine's parts: select-and-evict, reads, fold, writes).
+(the engine's parts: select-and-evict, reads, fold, writes). With ``--decode N``, then ``N``
+greedy tokens decoded on the prefill's cache are profiled the same way (after one unprofiled
+token).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30, help="rows of each table")
     parser.add_argument("--feature-maps", help="profile the linearized model as `lola niah` runs it (a shipped name or folder)")
     parser.add_argument("--policy", default="learned", help="with --feature-maps: the lola method's policy")
+    parser.add_argument("--decode", type=int, default=0, help="also profile this many decoded tokens after the prefill")
     args = parser.parse_args()
     model, tok = lola.models.load(args.model)
     ids = tok("\n".join([NOISE] * (args.tokens // 10 + 100)), return_tensors="pt").input_ids[:, : args.tokens]
@@ -62,18 +65,34 @@ def main() -> None:
         apply_lola(model, lola_config(args.config, args.model))
         make_cache = lambda: LoLACache(model)  # noqa: E731
 
+    box = {}
+
     def prefill() -> None:
         with torch.inference_mode():
-            model(ids, cache=make_cache())
+            box["cache"] = make_cache()
+            box["token"] = model(ids, cache=box["cache"]).logits[:, -1:].argmax(-1)
+
+    def decode(steps: int) -> None:
+        with torch.inference_mode():
+            for _ in range(steps):
+                box["token"] = model(box["token"], cache=box["cache"]).logits[:, -1:].argmax(-1)
 
     prefill()  # warm-up
+    _profiled(lambda: prefill(), f"{args.config}: {ids.shape[1]} tokens", args.top)
+    if args.decode:
+        decode(1)  # warm-up
+        _profiled(lambda: decode(args.decode), f"{args.config}: {args.decode} decoded tokens after {ids.shape[1]}", args.top)
+
+
+def _profiled(fn, what: str, top: int) -> None:
+    """Run ``fn`` under cProfile; print its time and the functions by own and by cumulative time."""
     profiler = cProfile.Profile()
     t0 = time.perf_counter()
-    profiler.runcall(prefill)
-    print(f"{args.config}: {ids.shape[1]} tokens in {time.perf_counter() - t0:.2f} s under the profiler")
+    profiler.runcall(fn)
+    print(f"{what} in {time.perf_counter() - t0:.2f} s under the profiler")
     stats = pstats.Stats(profiler)
-    stats.sort_stats("tottime").print_stats(args.top)
-    stats.sort_stats("cumtime").print_stats("lola/", args.top)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumtime").print_stats("lola/", top)
 
 
 def _seconds(forward) -> float:

@@ -33,7 +33,8 @@ def _nan_empty(*args, **kwargs):
     # Anything that reads memory it never wrote sees NaN and fails loudly (fla's trick).
     out = _real_empty(*args, **kwargs)
     if out.is_floating_point():
-        out.fill_(float("nan"))
+        with torch.no_grad():  # a leaf asked for with requires_grad=True (torch.compile makes some) is filled too
+            out.fill_(float("nan"))
     return out
 
 

@@ -47,7 +47,7 @@ def test_env_triton_honoured_under_interpreter(monkeypatch):
 
 def test_invalid_env_value_raises(monkeypatch):
     monkeypatch.setenv("LOLA_KERNELS", "cuda")
-    with pytest.raises(ValueError, match=r"LOLA_KERNELS must be one of auto, triton, reference; got 'cuda'"):
+    with pytest.raises(ValueError, match=r"LOLA_KERNELS must be one of auto, triton, reference, compiled; got 'cuda'"):
         K.backend(cpu_tensor())
     q = torch.zeros(1, 1, 1, 4)
     with pytest.raises(ValueError, match="LOLA_KERNELS"):

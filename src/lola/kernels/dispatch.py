@@ -9,6 +9,9 @@ The choice is read at *call time*, in this order:
 ``triton``    always Triton. CPU tensors only work under ``TRITON_INTERPRET=1`` (set before
               triton is first imported); a missing triton raises ``RuntimeError``.
 ``reference`` always the pure-PyTorch reference.
+``compiled``  as ``auto``, and on a CPU the decode step's fused form compiled by
+              ``torch.compile`` (inductor, dynamic shapes; :mod:`lola.kernels.compiled`): its
+              first calls compile it (tens of seconds), later calls reuse it.
 
 Under ``auto``, a call that allows it (``fused=True``: the softmax partials of a caller that
 reads only ``num / den`` and ``den · e^max``; every decode step) of an op with a fused form
@@ -38,7 +41,7 @@ from lola.core.thread_stack import pushed
 from .utils import is_interpreting
 
 ENV_VAR = "LOLA_KERNELS"
-BACKENDS = ("auto", "triton", "reference")
+BACKENDS = ("auto", "triton", "reference", "compiled")
 
 _local = threading.local()
 
@@ -51,7 +54,7 @@ def _validate(name: str, source: str) -> str:
 
 
 def requested_backend() -> str:
-    """The requested backend name: ``"auto"``, ``"triton"`` or ``"reference"``."""
+    """The requested backend name: ``"auto"``, ``"triton"``, ``"reference"`` or ``"compiled"``."""
     stack = getattr(_local, "stack", None)
     if stack:
         return stack[-1]
@@ -114,11 +117,11 @@ def backend(*tensors) -> str:
     requested = requested_backend()
     if requested == "reference" or needs_grad(tensors):
         return "reference"
-    if requested == "auto" and any(isinstance(t, torch.Tensor) and not t.is_cuda for t in tensors):
+    if requested in ("auto", "compiled") and any(isinstance(t, torch.Tensor) and not t.is_cuda for t in tensors):
         return "reference"  # the common CPU case, decided without building the device list
     devices = _devices(tensors)
     all_cuda = all(d.type == "cuda" for d in devices)
-    if requested == "auto":
+    if requested in ("auto", "compiled"):
         return "triton" if all_cuda and triton_available() else "reference"
     # forced triton
     err = _import_triton_error()
@@ -160,15 +163,26 @@ PACKAGE_OF_OP = {
 """Each op's package: ``reference.py`` and ``triton.py`` there define a function named after the op."""
 
 
+def _compiled_ops() -> frozenset:
+    from .compiled import COMPILED_OPS
+
+    return COMPILED_OPS
+
+
 def implementation(op: str, *tensors, fused: bool = False) -> Callable:
     """The function implementing ``op`` (a key of :data:`PACKAGE_OF_OP`) for these inputs;
     ``fused``: the caller accepts the op's fused form (:data:`FUSED_OPS`) on a CPU."""
     name = backend(*tensors)
-    if fused and name == "reference" and op in FUSED_OPS and requested_backend() == "auto" and not needs_grad(tensors):
+    requested = requested_backend()
+    if fused and name == "reference" and op in FUSED_OPS and requested in ("auto", "compiled") and not needs_grad(tensors):
         if all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors):
-            name = "fused"
+            name = "compiled" if requested == "compiled" and op in _compiled_ops() else "fused"
     for counter in getattr(_local, "recorders", ()):
         counter[(op, name)] += 1
+    if name == "compiled":
+        from .compiled import compiled_form
+
+        return compiled_form(op)
     module = _MODULES.get((op, name))
     if module is None:  # first use: import (per call, the lookup would cost more than a small op)
         try:

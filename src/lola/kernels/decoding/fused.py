@@ -15,7 +15,7 @@ definition; this form is tested against it (``tests/kernels/test_decoding_fused.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -25,7 +25,7 @@ from ..exact_attention.reference import _slot_heads
 from ..ragged import RaggedSlots
 from . import reference
 
-__all__ = ["decode_step", "mix_partials"]
+__all__ = ["decode_core", "decode_step", "mix_partials"]
 
 
 def decode_step(
@@ -41,6 +41,8 @@ def decode_step(
     scale: float,
     ragged: Optional[RaggedSlots] = None,
     share_cap: Optional[torch.Tensor] = None,
+    *,
+    core: Optional[Callable] = None,
 ) -> torch.Tensor:
     """:func:`lola.kernels.decode_step` in few calls (same arguments and result).
 
@@ -49,32 +51,57 @@ def decode_step(
         fq: ``[B, H, F]``; H: ``[B, H, F, D]``; s: ``[B, H, F]`` (``None`` with
         ``softmax_only``); gate: ``[H]``; ragged: a run of extra slots per storage head, or
         ``None``; share_cap: ``[B]``, or ``None``.
+        core: what runs the step's arithmetic: :func:`decode_core` (``None``), or that function
+            compiled (:mod:`lola.kernels.compiled`).
 
     Returns:
         ``o [B, H, D]`` fp32.
     """
     if mixing == "softmax_only" and ragged is None:
         return reference.softmax_over_slots(q, k, v, k_pos, scale)
+    # The run's owner per slot is built (and kept) on the host side: its length depends on the
+    # layout's values, which a compiled core would otherwise have to trace.
+    run = None if ragged is None else (ragged.k, ragged.v, ragged.pos, _slot_heads(tuple(ragged.offsets), q.device))
+    return (core or decode_core)(q, k, v, k_pos, fq, H, s, gate, mixing, scale, run, share_cap)
+
+
+def decode_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pos: torch.Tensor,
+    fq: Optional[torch.Tensor],
+    H: Optional[torch.Tensor],
+    s: Optional[torch.Tensor],
+    gate: torch.Tensor,
+    mixing: str,
+    scale: float,
+    run: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    share_cap: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """:func:`decode_step`'s arithmetic on tensors alone (no host-side value read: one graph for
+    torch.compile). ``run``: the ragged slots' ``k, v [B, S, D]``, ``pos [B, S]`` and owning
+    storage head ``[S]`` int64, or ``None``."""
     B, Hq, D = q.shape
     Hs, N = k.shape[1], k.shape[2]
     G = Hq // Hs
     qs = q.float() * scale  # [B, H, D]
     scores = (qs.view(B, Hs, G, D) @ k.float().transpose(-1, -2)).view(B, Hq, N)
     visible = k_pos >= 0  # [B, Hs, N]
-    if ragged is not None:
+    if run is not None:
         # Every query head scores the whole run as one product of [B, H, D] by [B, D, S] (no
         # copy of the run per head); other heads' slots are masked like empty ones.
-        heads = _slot_heads(tuple(ragged.offsets), q.device)  # [S]
-        own = (heads == torch.arange(Hs, device=q.device)[:, None])[None] & (ragged.pos >= 0)[:, None, :]  # [B, Hs, S]
-        scores = torch.cat([scores, qs @ ragged.k.float().transpose(1, 2)], dim=-1)  # [B, H, N + S]
+        run_k, run_v, run_pos, heads = run
+        own = (heads == torch.arange(Hs, device=q.device)[:, None])[None] & (run_pos >= 0)[:, None, :]  # [B, Hs, S]
+        scores = torch.cat([scores, qs @ run_k.float().transpose(1, 2)], dim=-1)  # [B, H, N + S]
         visible = torch.cat([visible, own], dim=-1)
     scores = scores.view(B, Hs, G, -1).masked_fill(~visible[:, :, None, :], float("-inf")).view(B, Hq, -1)
     m = scores.amax(-1) if scores.shape[-1] else scores.new_full(scores.shape[:-1], float("-inf"))  # [B, H]
     # nothing visible: m = -inf, shifted by a finite number so that exp(-inf) = 0 (as the reference)
     p = torch.exp(scores - m.clamp_min(torch.finfo(torch.float32).min)[..., None])
     e_num = (p[..., :N].view(B, Hs, G, N) @ v.float()).view(B, Hq, D)
-    if ragged is not None:
-        e_num = e_num + p[..., N:] @ ragged.v.float()
+    if run is not None:
+        e_num = e_num + p[..., N:] @ run[1].float()
     e_den = p.sum(-1)  # [B, H]
     if mixing == "softmax_only":
         return _divide(e_num, e_den)

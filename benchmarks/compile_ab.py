@@ -6,7 +6,7 @@
 The linearized SmolLM2 with the default ``lola-learned`` method of ``lola niah`` (the shipped
 maps, the paper's rule, calibrated budgets, bounded positions) reads with the fused CPU forms
 of its ops eagerly (``auto``) and compiled by ``torch.compile`` (``compiled``,
-:mod:`lola.kernels.compiled`): one prefill of ``--tokens`` tokens of the noise haystack, then
+:mod:`lola.kernels.decoding.compiled`): one prefill of ``--tokens`` tokens of the noise haystack, then
 ``--decode`` greedy tokens, on a fresh cache each time. Stock attention (SDPA + DynamicCache)
 on the same tokens is timed first in the same process, as the baseline of both. Each backend
 is warmed up once (the compiled one compiles there; its time is printed), then the two are

@@ -2,13 +2,12 @@
 where the dispatcher takes them. Shapes stay off the sizes 0 and 1, which torch.compile
 specialises, so the examples share a few graphs (each graph compiles for tens of seconds)."""
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lola.kernels as K
-from lola.kernels.compiled import compiled_form
+from lola.kernels.decoding import compiled
 from lola.kernels.decoding import reference as decode_ref
 from lola.kernels.exact_attention import reference as exact_ref
 
@@ -42,7 +41,7 @@ def test_property_compiled_decode_is_the_reference(B, G, Hs, N, widths, empty, c
     run = make_ragged(B, offsets, 16, empty_frac=empty, seed=seed + 1)
     share_cap = torch.linspace(0.05, 1.0, B) if cap else None
     want = decode_ref.decode_step(**x, mixing="lola_authors", scale=0.25, ragged=run, share_cap=share_cap)
-    got = compiled_form("decode_step")(**x, mixing="lola_authors", scale=0.25, ragged=run, share_cap=share_cap)
+    got = compiled.decode_step(**x, mixing="lola_authors", scale=0.25, ragged=run, share_cap=share_cap)
     assert got.dtype == torch.float32 and got.shape == want.shape
     assert_close_rel(want, got, 1e-5)
 
@@ -71,8 +70,3 @@ def test_the_compiled_backend_compiles_the_fused_form_on_a_cpu_only():
     with K.use_backend("compiled"), K.record_calls() as calls:
         K.self_recall_error(torch.rand(1, 2, 5, 4), torch.randn(1, 2, 5, 3), torch.rand(1, 2, 4, 3), torch.rand(1, 2, 4))
     assert calls == {("self_recall_error", "reference"): 1}  # no fused form: the reference
-
-
-def test_only_the_decode_step_compiles():
-    with pytest.raises(ValueError, match="no compiled form"):
-        compiled_form("softmax_partial")

@@ -9,9 +9,10 @@ The choice is read at *call time*, in this order:
 ``triton``    always Triton. CPU tensors only work under ``TRITON_INTERPRET=1`` (set before
               triton is first imported); a missing triton raises ``RuntimeError``.
 ``reference`` always the pure-PyTorch reference.
-``compiled``  as ``auto``, and on a CPU the decode step's fused form compiled by
-              ``torch.compile`` (inductor, dynamic shapes; :mod:`lola.kernels.compiled`): its
-              first calls compile it (tens of seconds), later calls reuse it.
+``compiled``  as ``auto``, and on a CPU the ops of :data:`COMPILED_OPS` run their fused form
+              compiled by ``torch.compile`` (inductor, dynamic shapes; the decode step:
+              :mod:`lola.kernels.decoding.compiled`): the first calls compile (tens of
+              seconds), later calls reuse the generated code.
 
 Under ``auto``, a call that allows it (``fused=True``: the softmax partials of a caller that
 reads only ``num / den`` and ``den · e^max``; every decode step) of an op with a fused form
@@ -154,6 +155,10 @@ FUSED_OPS = frozenset({"softmax_partial", "decode_step"})
 """Ops with a ``fused.py`` beside their reference: fewer, fused PyTorch calls on a CPU (tested
 against the reference), taken under ``auto`` where the reference would run and the call allows it."""
 
+COMPILED_OPS = frozenset({"decode_step"})
+"""Ops with a ``compiled.py`` beside their fused form (the fused form's arithmetic under
+``torch.compile``), taken under ``compiled`` where ``auto`` would take the fused form."""
+
 PACKAGE_OF_OP = {
     "chunk_linear_attention": "linear_attention",
     "softmax_partial": "exact_attention",
@@ -163,12 +168,6 @@ PACKAGE_OF_OP = {
 """Each op's package: ``reference.py`` and ``triton.py`` there define a function named after the op."""
 
 
-def _compiled_ops() -> frozenset:
-    from .compiled import COMPILED_OPS
-
-    return COMPILED_OPS
-
-
 def implementation(op: str, *tensors, fused: bool = False) -> Callable:
     """The function implementing ``op`` (a key of :data:`PACKAGE_OF_OP`) for these inputs;
     ``fused``: the caller accepts the op's fused form (:data:`FUSED_OPS`) on a CPU."""
@@ -176,13 +175,9 @@ def implementation(op: str, *tensors, fused: bool = False) -> Callable:
     requested = requested_backend()
     if fused and name == "reference" and op in FUSED_OPS and requested in ("auto", "compiled") and not needs_grad(tensors):
         if all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors):
-            name = "compiled" if requested == "compiled" and op in _compiled_ops() else "fused"
+            name = "compiled" if requested == "compiled" and op in COMPILED_OPS else "fused"
     for counter in getattr(_local, "recorders", ()):
         counter[(op, name)] += 1
-    if name == "compiled":
-        from .compiled import compiled_form
-
-        return compiled_form(op)
     module = _MODULES.get((op, name))
     if module is None:  # first use: import (per call, the lookup would cost more than a small op)
         try:

@@ -52,7 +52,7 @@ def decode_step(
         ``softmax_only``); gate: ``[H]``; ragged: a run of extra slots per storage head, or
         ``None``; share_cap: ``[B]``, or ``None``.
         core: what runs the step's arithmetic: :func:`decode_core` (``None``), or that function
-            compiled (:mod:`lola.kernels.compiled`).
+            compiled (:mod:`lola.kernels.decoding.compiled`).
 
     Returns:
         ``o [B, H, D]`` fp32.

@@ -13,32 +13,14 @@ Whether it pays depends on the machine: docs/performance.md, "torch.compile on a
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
 
 import torch
 
-from ..ragged import RaggedSlots
 from . import fused
 
 __all__ = ["decode_step"]
 
-_core = torch.compile(fused.decode_core, dynamic=True)  # (compiles at its first call)
-
-
-def decode_step(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_pos: torch.Tensor,
-    fq: Optional[torch.Tensor],
-    H: Optional[torch.Tensor],
-    s: Optional[torch.Tensor],
-    gate: torch.Tensor,
-    mixing: str,
-    scale: float,
-    ragged: Optional[RaggedSlots] = None,
-    share_cap: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """:func:`lola.kernels.decode_step` by :func:`.fused.decode_step` with a compiled core (same
-    arguments and result)."""
-    return fused.decode_step(q, k, v, k_pos, fq, H, s, gate, mixing, scale, ragged, share_cap, core=_core)
+decode_step = functools.partial(fused.decode_step, core=torch.compile(fused.decode_core, dynamic=True))
+""":func:`lola.kernels.decode_step` by :func:`.fused.decode_step` with its core compiled (same
+arguments and result; the core compiles at its first call)."""

@@ -7,6 +7,7 @@ layer, head and token, and each layer's 99th percentile. A quantile at the lengt
 trained at is what ``linear_share_cap`` is calibrated from (docs/results.md, "Long context").
 
     python experiments/share_quantiles.py --feature-maps smollm2-135m-instruct --length 2048 --chunks 2
+    python experiments/share_quantiles.py --feature-maps smollm2-135m-instruct --length 8192 --chunks 2 --positions bounded --state-key-positions spread --linear-share-cap 1
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def main() -> None:
     parser.add_argument("--policy", default="learned", help="scoring policy of the LoLA config (learned needs a shipped scorer)")
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--chunks", type=int, default=2)
+    parser.add_argument("--positions", choices=("absolute", "bounded"), help="the config's positions (default: the maps' read default)")
+    parser.add_argument("--state-key-positions", choices=("clamped", "spread"), help="with bounded positions: where the state's keys enter the maps")
+    parser.add_argument("--linear-share-cap", type=float, help="the config's cap (1: none; default: the maps' read default)")
     args = parser.parse_args()
     from lola import models
     from lola.data.text import encode, load_split, token_chunks
@@ -33,7 +37,10 @@ def main() -> None:
     from lola.pretrained.folder import read_feature_maps
 
     model, tok = models.load(args.model)
-    run = NiahRun(model=args.model, feature_maps=args.feature_maps, methods=["lola"], policies=[args.policy])
+    options = {"positions": args.positions, "state_key_positions": args.state_key_positions, "linear_share_cap": args.linear_share_cap}
+    run = NiahRun(
+        model=args.model, feature_maps=args.feature_maps, methods=["lola"], policies=[args.policy], **{k: v for k, v in options.items() if v is not None}
+    )
     apply_lola(model, method_configs(run)[f"lola-{args.policy}"], feature_maps=read_feature_maps(args.feature_maps))
     train, _ = load_split()
     ids = token_chunks(encode(tok, train[: 40 * args.length * args.chunks]), args.length, args.chunks)

@@ -50,6 +50,22 @@ def test_read_defaults_may_bound_the_positions(folder, tmp_path):
     assert (cfg.positions, cfg.exact_distance, cfg.state_positions) == ("bounded", 64, 64)  # the maps' trained length
 
 
+def test_read_defaults_may_start_the_cap_past_the_trained_length_and_spread_the_state_keys(folder, tmp_path):
+    read = {"positions": "bounded", "state_key_positions": "spread", "trained_length": 64, "linear_share_cap": 0.2, "linear_share_cap_from": 256}
+    maps = read_feature_maps(_with_read(folder, tmp_path, read))
+    assert maps.trained_length == 64  # the limits' length, not where the cap starts
+    cfg = maps.merge_into(lola.LoLAConfig(sparse_size=8, window=8, chunk=8))
+    assert (cfg.positions, cfg.state_key_positions, cfg.linear_share_cap, cfg.linear_share_cap_from) == ("bounded", "spread", 0.2, 256)
+    mine = maps.merge_into(lola.LoLAConfig(sparse_size=8, window=8, chunk=8, state_key_positions="clamped"))
+    assert mine.state_key_positions == "clamped"  # the caller's
+    absolute = maps.merge_into(lola.LoLAConfig(sparse_size=8, window=8, chunk=8, positions="absolute"))
+    assert (absolute.positions, absolute.state_key_positions) == ("absolute", "clamped")  # no placement without bounded positions
+    model, _ = tiny_random()
+    lola.apply_lola(model, lola.LoLAConfig(sparse_size=8, window=8, chunk=8), feature_maps=maps.path)
+    applied = model._lola.config
+    assert (applied.exact_distance, applied.state_positions, applied.state_key_positions, applied.linear_share_cap_from) == (64, 64, "spread", 256)
+
+
 def test_a_folder_without_read_defaults_reads_as_before(folder):
     maps = read_feature_maps(folder)
     assert maps.read is None and maps.merge_into(lola.LoLAConfig(sparse_size=8)).linear_share_cap is None
@@ -61,6 +77,8 @@ def test_a_folder_without_read_defaults_reads_as_before(folder):
         ({"linear_share_cap": 2.0}, "read: linear_share_cap"),
         ({"linear_share_cap_from": -1}, "read: linear_share_cap_from"),
         ({"cap": 0.1}, "read: unknown field 'cap'"),
+        ({"trained_length": 0}, "read: trained_length"),
+        ({"state_key_positions": "far"}, "read: state_key_positions"),
     ],
 )
 def test_bad_read_defaults_are_refused_naming_the_file_and_field(folder, tmp_path, read, match):

@@ -79,11 +79,16 @@ class ReadDefaults(BaseModel):
     Attributes:
         linear_share_cap: the state's share of each output at most this (calibrated as a high
             quantile of the share on the maps' own training text at their training length).
-        linear_share_cap_from: the cap applies from this position on (the training length:
-            reads inside it are left as trained).
+        linear_share_cap_from: the cap applies from this position on (reads before it are left
+            as trained).
+        trained_length: the positions the maps and adapters were trained on, where bounded
+            positions put their limits; ``None``: ``linear_share_cap_from`` (folders written
+            before the field, whose cap started at the training length).
         positions: ``"bounded"`` to read the maps with bounded positions (limits at their
             trained length: :func:`lola.pretrained.resolve.resolve_positions`), or ``None``
             (the config's own, absolute by default).
+        state_key_positions: with bounded positions, where the state's keys enter the maps
+            (:class:`~lola.LoLAConfig`'s field), or ``None`` (the config's own).
         budgets: per-head sparse budgets calibrated on the adapted model (``lola calibrate
             --feature-maps``), or ``None``. Unlike the cap they do not depend on the rule: a run
             that asks for ``budgets="auto"`` with these maps gets them in place of the stock
@@ -96,7 +101,9 @@ class ReadDefaults(BaseModel):
 
     linear_share_cap: Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     linear_share_cap_from: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+    trained_length: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = None
     positions: Literal["absolute", "bounded"] | None = None
+    state_key_positions: Literal["clamped", "spread"] | None = None
     budgets: HeadBudgets | None = None
     note: str = ""
 
@@ -126,8 +133,10 @@ class FeatureMaps:
     @property
     def trained_length(self) -> int | None:
         """The positions the maps were trained on, where the folder says (its read defaults'
-        ``linear_share_cap_from``: the training length), else ``None``."""
-        return (self.read.linear_share_cap_from or None) if self.read is not None else None
+        ``trained_length``, else their ``linear_share_cap_from``), else ``None``."""
+        if self.read is None:
+            return None
+        return self.read.trained_length or self.read.linear_share_cap_from or None
 
     def merge_into(self, config: LoLAConfig) -> LoLAConfig:
         """``config`` with the trained fields (feature map, ``f``, affine) filled in and its
@@ -159,6 +168,9 @@ class FeatureMaps:
         }
         if "linear_share_cap" in config.model_fields_set:  # the caller's cap starts where the caller says
             read.pop("linear_share_cap_from", None)
+        keys = self.read.state_key_positions
+        if keys is not None and "state_key_positions" not in config.model_fields_set and read.get("positions", merged.positions) == "bounded":
+            read["state_key_positions"] = keys  # (a placement of bounded positions only: absolute ones keep theirs)
         return merged.model_copy(update=read) if read else merged
 
 

@@ -101,3 +101,21 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
 def apply_threads(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
+
+
+def noise_ids(tok, tokens: int) -> torch.Tensor:
+    """``[1, tokens]`` ids of ``lola niah``'s noise haystack (the benchmarks' text)."""
+    from lola.eval.niah import NOISE
+
+    return tok("\n".join([NOISE] * (tokens // 10 + 100)), return_tensors="pt").input_ids[:, :tokens]
+
+
+def niah_lola_config(model: str, feature_maps: str, policy: str, tokens: int):
+    """``(method name, LoLAConfig)`` of the LoLA method ``lola niah`` runs on ``model`` with
+    ``feature_maps`` and ``policy`` at ``tokens`` (its defaults: the paper's rule, calibrated
+    budgets, the maps' read defaults)."""
+    from lola.eval.niah_spec import NiahRun, method_configs
+
+    run = NiahRun(model=model, feature_maps=feature_maps, methods=["lola"], policies=[policy], lengths=[tokens], samples=1)
+    ((method, cfg),) = method_configs(run).items()
+    return method, cfg

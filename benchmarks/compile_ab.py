@@ -25,10 +25,9 @@ import torch
 from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import apply_threads  # noqa: E402
+from bench_common import apply_threads, niah_lola_config, noise_ids  # noqa: E402
 
 import lola  # noqa: E402
-from lola.eval.niah import NOISE  # noqa: E402
 from lola.integrations.transformers import LoLACache, apply_lola  # noqa: E402
 from lola.kernels import use_backend  # noqa: E402
 
@@ -56,13 +55,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
     apply_threads(args)
-    from lola.eval.niah_spec import NiahRun, method_configs
     from lola.pretrained.folder import read_feature_maps
 
     model, tok = lola.models.load("smollm2-135m-instruct")
-    ids = tok("\n".join([NOISE] * (args.tokens // 10 + 100)), return_tensors="pt").input_ids[:, : args.tokens]
-    run = NiahRun(model="smollm2-135m-instruct", feature_maps="smollm2-135m-instruct", methods=["lola"], policies=["learned"], lengths=[args.tokens], samples=1)
-    ((method, cfg),) = method_configs(run).items()
+    ids = noise_ids(tok, args.tokens)
+    method, cfg = niah_lola_config("smollm2-135m-instruct", "smollm2-135m-instruct", "learned", args.tokens)
     timed(model, ids, DynamicCache, 2)  # warm-up
     stock = timed(model, ids, DynamicCache, args.decode)
     apply_lola(model, cfg, feature_maps=read_feature_maps("smollm2-135m-instruct"))

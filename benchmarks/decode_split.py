@@ -28,10 +28,9 @@ import torch
 from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import apply_threads  # noqa: E402
+from bench_common import apply_threads, niah_lola_config, noise_ids  # noqa: E402
 
 import lola  # noqa: E402
-from lola.eval.niah import NOISE  # noqa: E402
 from lola.integrations.transformers import LoLACache, apply_lola  # noqa: E402
 
 # (owner, attribute, label): the layer's decode path, outermost first
@@ -97,13 +96,11 @@ def main() -> None:
     if args.decode < 1:
         parser.error(f"--decode must be at least 1, got {args.decode}")
     apply_threads(args)
-    from lola.eval.niah_spec import NiahRun, method_configs
     from lola.pretrained.folder import read_feature_maps
 
     model, tok = lola.models.load("smollm2-135m-instruct")
-    ids = tok("\n".join([NOISE] * (args.tokens // 10 + 100)), return_tensors="pt").input_ids[:, : args.tokens]
-    run = NiahRun(model="smollm2-135m-instruct", feature_maps="smollm2-135m-instruct", methods=["lola"], policies=["learned"], lengths=[args.tokens], samples=1)
-    ((method, cfg),) = method_configs(run).items()
+    ids = noise_ids(tok, args.tokens)
+    method, cfg = niah_lola_config("smollm2-135m-instruct", "smollm2-135m-instruct", "learned", args.tokens)
     decode_ms(model, ids, DynamicCache, 2)  # warm-up
     stock = decode_ms(model, ids, DynamicCache, args.decode)
     apply_lola(model, cfg, feature_maps=read_feature_maps("smollm2-135m-instruct"))

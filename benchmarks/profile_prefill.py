@@ -28,10 +28,10 @@ import torch
 from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import niah_lola_config, noise_ids  # noqa: E402
 from generate import lola_config  # noqa: E402
 
 import lola  # noqa: E402
-from lola.eval.niah import NOISE  # noqa: E402
 from lola.integrations.transformers import LoLACache, apply_lola  # noqa: E402
 
 
@@ -46,13 +46,11 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=0, help="also profile this many decoded tokens after the prefill")
     args = parser.parse_args()
     model, tok = lola.models.load(args.model)
-    ids = tok("\n".join([NOISE] * (args.tokens // 10 + 100)), return_tensors="pt").input_ids[:, : args.tokens]
+    ids = noise_ids(tok, args.tokens)
     if args.feature_maps:
-        from lola.eval.niah_spec import NiahRun, method_configs
         from lola.pretrained.folder import read_feature_maps
 
-        run = NiahRun(model=args.model, feature_maps=args.feature_maps, methods=["lola"], policies=[args.policy], lengths=[args.tokens], samples=1)
-        ((method, cfg),) = method_configs(run).items()
+        method, cfg = niah_lola_config(args.model, args.feature_maps, args.policy, args.tokens)
         stock = _seconds(lambda: model(ids, cache=DynamicCache()))
         apply_lola(model, cfg, feature_maps=read_feature_maps(args.feature_maps))
         lola_s = _seconds(lambda: model(ids, cache=LoLACache(model)))

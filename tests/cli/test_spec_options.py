@@ -138,7 +138,8 @@ def test_lola_linearize_offers_both_stages_fields_with_their_defaults(capsys):
         *((FinetuneConfig, f, o) for f, o in LINEARIZE_STAGE2.items()),
     ]:
         info = spec.model_fields[field]
-        assert f"--{option.replace('_', '-')}" in text and f"{' '.join(info.description.split())} (default: {info.default})" in text, option
+        default = "none" if info.default is None else info.default
+        assert f"--{option.replace('_', '-')}" in text and f"{' '.join(info.description.split())} (default: {default})" in text, option
     assert "steps between checkpoints (default: 25 in stage 1, 10 in stage 2)" in text
     # one option, both stages: --chunk-tokens is stage 2's seq_len, --lora-lr its lr
     args = build_parser().parse_args(["linearize", "--out", "x", "--chunk-tokens", "256", "--lora-lr", "0.5", "--lr", "0.1"])

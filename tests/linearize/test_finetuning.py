@@ -8,6 +8,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import LlamaForCausalLM
 
 import lola
@@ -72,6 +74,38 @@ def test_training_hybrid_equals_the_inference_path():
         model.set_attn_implementation(HYBRID_ATTENTION)
         training = model(ids).logits
     torch.testing.assert_close(training, inference, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=8)
+@given(state_positions=st.integers(1, 90), seed=st.integers(0, 2**16))
+def test_training_hybrid_with_bounded_state_equals_the_inference_path(state_positions, seed):
+    """Maps trained for a bounded state (``lola linearize --state-positions``): the training
+    hybrid moves its state's queries and keys as LoLA's bounded layer does, positions past
+    ``state_positions`` included (77 tokens; a limit of 1 reads them un-rotated)."""
+    model = sharp_model()
+    torch.manual_seed(seed)
+    ids = torch.randint(1, 256, (1, 77))
+    config = lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", mixing="lolcats", positions="bounded", state_positions=state_positions)
+    apply_lola(model, config)
+    with torch.no_grad():
+        for attn in model._lola.modules.values():
+            attn.feature_map_q.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_q.mlp.layer))
+            attn.feature_map_k.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_k.mlp.layer))
+            attn.window_factors.normal_()
+        inference = model(ids).logits
+        register_hybrid_attention()
+        model.set_attn_implementation(HYBRID_ATTENTION)
+        training = model(ids).logits
+        # the moved positions matter: the same maps read at the keys' own positions differ
+        absolute = [attn.positions for attn in model._lola.modules.values()]
+        for attn in model._lola.modules.values():
+            attn.positions = None
+        unmoved = model(ids).logits
+        for attn, positions in zip(model._lola.modules.values(), absolute):
+            attn.positions = positions
+    torch.testing.assert_close(training, inference, rtol=1e-4, atol=1e-4)
+    if state_positions < 77 - 8:  # some key enters the state past the limit
+        assert (unmoved - inference).abs().max() > 1e-3
 
 
 def test_training_hybrid_refuses_what_it_cannot_compute():

@@ -250,3 +250,64 @@ def test_lm_eval_model_args_take_the_same_default(trained):
     assert hybrid.mixing == "lolcats"
     told, _ = lola_config_from_args(None, model_name="tiny-random-llama", feature_maps=str(out), budgets="uniform", sparse_size=4, mixing="lolcats")
     assert told.mixing == "lolcats"
+
+
+def test_state_positions_must_move_something():
+    with pytest.raises(ValueError, match="state_positions=96 moves no query or key of a 96-token chunk"):
+        CFG.model_validate({**CFG.model_dump(), "state_positions": 96})
+    with pytest.raises(ValueError, match="state_positions"):
+        CFG.model_validate({**CFG.model_dump(), "state_positions": 0})
+
+
+def test_maps_trained_at_state_positions_1_see_the_model_s_unrotated_queries_and_keys():
+    """The moved inputs are the model's own projections before RoPE, taken from q_proj/k_proj."""
+    from lola.linearize.hybrid import state_features
+    from lola.linearize.teacher import collect_activations
+    from lola.linearize.transfer import state_mover
+
+    model, _ = tiny_random()
+    ids = torch.randint(0, 200, (1, 40), generator=torch.Generator().manual_seed(0))
+    acts = collect_activations(model, ids, dtype=torch.float32)[0][1]
+    attn_module = model.model.layers[1].self_attn
+    seen = {}
+    hooks = [getattr(attn_module, n).register_forward_hook(lambda m, i, o, n=n: seen.__setitem__(n, o)) for n in ("q_proj", "k_proj")]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    q_pre = seen["q_proj"].view(1, 40, 4, 16).transpose(1, 2)
+    k_pre = seen["k_proj"].view(1, 40, 2, 16).transpose(1, 2).repeat_interleave(2, dim=1)
+    student = lola.compose(lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", mixing="lolcats"), num_heads=4, head_dim=16, num_kv_heads=2)
+    with torch.no_grad():
+        student.feature_map_q.mlp.layer.add_(0.3 * torch.randn_like(student.feature_map_q.mlp.layer))
+        mover = state_mover(model, CFG.model_copy(update={"state_positions": 1}))
+        fq, fk = state_features(student, acts.q, acts.k.repeat_interleave(2, dim=1), mover, torch.arange(40)[None])
+        torch.testing.assert_close(fq, student.feature_map_q(q_pre), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(fk, student.feature_map_k(k_pre), rtol=1e-4, atol=1e-5)
+        rotated, _ = state_features(student, acts.q, acts.k.repeat_interleave(2, dim=1), None, torch.arange(40)[None])
+        assert (rotated - fq).abs().max() > 1e-3  # (the model's RoPE moved them: the check can fail)
+
+
+def test_maps_trained_for_a_bounded_state_are_read_at_it(tmp_path):
+    model, tok = tiny_random()
+    cfg = CFG.model_copy(update={"steps": 4, "state_positions": 1})
+    report = linearize(model, tok, cfg, tmp_path, progress=False, log=lambda s: None)
+    assert report["mse_heldout_mean"]["after"] < report["mse_heldout_mean"]["before"]
+    maps = read_feature_maps(tmp_path)
+    assert (maps.config.positions, maps.config.state_positions) == ("bounded", 1)
+    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=1), feature_maps=tmp_path)
+    assert all(attn.positions.state_positions == 1 for attn in model._lola.modules.values())
+    ids = tok("The quick brown fox jumps over the lazy dog. " * 4, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.isfinite(model(ids, cache=LoLACache(model)).logits).all()
+    remove_lola(model)
+    for field, value in (("positions", "absolute"), ("state_positions", 64)):
+        with pytest.raises(ValueError, match=f"config.{field}={value!r} conflicts with the feature maps"):
+            apply_lola(
+                model,
+                lola.LoLAConfig(window=8, sparse_size=4, sinks=1, **({"positions": "bounded"} if field != "positions" else {}), **{field: value}),
+                feature_maps=tmp_path,
+            )
+    # a resume with the state's positions changed is another run
+    with pytest.raises(ValueError, match="other options"):
+        linearize(model, tok, cfg.model_copy(update={"state_positions": 2}), tmp_path, progress=False, log=lambda s: None)

@@ -15,13 +15,19 @@ linear scan over the keys shifted ``window`` places later, one
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from lola.core import LinearPartial, MixingRule, SoftmaxPartial, mix
 from lola.kernels import chunk_linear_attention
 
-__all__ = ["hybrid_attention"]
+if TYPE_CHECKING:
+    from lola.core.positions import BoundedPositions
+    from lola.layer import LoLAAttention
+
+__all__ = ["hybrid_attention", "state_features"]
 
 
 def _blocks(x: torch.Tensor, window: int) -> torch.Tensor:
@@ -95,3 +101,14 @@ def hybrid_attention(
     num, den, _ = chunk_linear_attention(fq.float().transpose(1, 2), *shifted)
     linear = LinearPartial(num=num.transpose(1, 2), den=den.transpose(1, 2))
     return mix(exact, linear, gate, mixing, affine)
+
+
+def state_features(
+    attn: LoLAAttention, q: torch.Tensor, k: torch.Tensor, mover: BoundedPositions | None, pos: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``φ_q, φ_k`` of a training hybrid's ``q [B, H, T, D]`` and ``k [B, H, T, D]`` (K/V heads
+    spread to the query heads), at the positions ``pos [B, T]`` moved by ``mover`` as a bounded
+    LoLA layer moves its state's queries and keys (``None``: where they are)."""
+    if mover is not None:
+        q, k = mover.state_inputs(q, pos), mover.state_keys(k, pos[:, None, :])
+    return attn.feature_map_q(q.float()), attn.feature_map_k(k.float())

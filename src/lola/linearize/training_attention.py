@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lola.linearize.hybrid import hybrid_attention
+from lola.linearize.hybrid import hybrid_attention, state_features
 
 __all__ = ["HYBRID_ATTENTION", "hybrid_attention_forward", "hybrid_window", "register_hybrid_attention"]
 
@@ -55,6 +55,8 @@ def hybrid_attention_forward(
         module: an attention module prepared by :func:`lola.apply_lola` (``module.lola``).
         query: ``[B, H, T, D]``; key, value: ``[B, H_kv, T, D]`` (post-RoPE).
         attention_mask: must be ``None`` (packed training chunks have no padding).
+        kwargs: the model's ``position_ids [B, T]`` (absent: ``0 … T − 1``), where a layer with
+            bounded positions moves its state's queries and keys from.
 
     Returns:
         ``(attn_output [B, T, H, D] in the query's dtype, None)``.
@@ -69,7 +71,11 @@ def hybrid_attention_forward(
     window = hybrid_window(attn)
     groups = attn.num_heads // attn.num_kv_heads
     k, v = (x.repeat_interleave(groups, dim=1) for x in (key, value))
-    fq, fk = attn.feature_map_q(query.float()), attn.feature_map_k(k.float())
+    pos = kwargs.get("position_ids")
+    if pos is None:
+        pos = torch.arange(query.shape[2], device=query.device)[None, :]
+    # a layer with bounded positions (maps trained for them) moves its state's queries and keys
+    fq, fk = state_features(attn, query, k, attn.positions, pos.to(query.device).expand(query.shape[0], -1))
     gate = torch.sigmoid(attn.window_factors.float()).view(-1)
     scale = attn.scale if scaling is None else scaling
     y = hybrid_attention(query, k, v, fq, fk, gate, window, scale, attn.mixing, attn.affine)

@@ -14,24 +14,25 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from lola.config import LoLAConfig
+from lola.core.positions import BoundedPositions, RotaryEmbedding
 from lola.data.text import TextOption, describe, encode, load_split, token_chunks
 from lola.eval.demo import Seed
 from lola.feature_maps.registry import DEFAULT_FEATURE_MAP, TRAINABLE_FEATURE_MAPS
 from lola.io.provenance import versions
 from lola.layer import LoLAAttention, compose
 from lola.linearize.checkpoint import run_inputs
-from lola.linearize.hybrid import hybrid_attention
+from lola.linearize.hybrid import hybrid_attention, state_features
 from lola.linearize.teacher import LayerActivations, collect_activations
 from lola.linearize.trainer import Trainer, start
 from lola.pretrained.folder import REPORT_FILE, model_geometry, write_feature_maps
 
-__all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize"]
+__all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize", "state_mover"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -53,6 +54,14 @@ class LinearizeConfig(BaseModel):
     lr: StrictFloat = Field(1e-2, gt=0, description="AdamW learning rate (cosine decay)")
     chunk_tokens: StrictInt = Field(2048, ge=8, description="tokens per chunk: train at the evaluation length")
     train_chunks: StrictInt = Field(24, ge=1, description="distinct training chunks, drawn from the whole training split")
+    state_positions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None,
+        description=(
+            "train the maps for a read with bounded positions: queries and keys enter them at positions below this, "
+            "as a LoLA layer with positions='bounded' and this state_positions moves them (1: un-rotated, a state free of positions); "
+            "the folder is then read so; unset: at their own positions"
+        ),
+    )
     cache_activations: StrictBool = Field(
         True, description="keep each chunk's teacher activations (fast; memory grows with train_chunks) or recompute them every step"
     )
@@ -74,9 +83,21 @@ class LinearizeConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _state_positions_move_something(self) -> "LinearizeConfig":
+        if self.state_positions is not None and self.state_positions >= self.chunk_tokens:
+            raise ValueError(
+                f"state_positions={self.state_positions} moves no query or key of a {self.chunk_tokens}-token chunk (positions below it stay): "
+                f"give fewer than chunk_tokens ({self.chunk_tokens}), or leave it unset"
+            )
+        return self
+
 
 def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
-    """The LoLA configuration of the trained hybrid: window + linear state, no sparse cache."""
+    """The LoLA configuration of the trained hybrid: window + linear state, no sparse cache;
+    with ``cfg.state_positions``, the bounded positions the maps were trained for (a read of the
+    folder takes them: :meth:`lola.pretrained.FeatureMaps.merge_into`)."""
+    bounded = {} if cfg.state_positions is None else {"positions": "bounded", "state_positions": cfg.state_positions}
     return LoLAConfig(
         window=cfg.window,
         sparse_size=0,
@@ -86,16 +107,26 @@ def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
         feature_dim=cfg.feature_dim,
         mixing=cfg.mixing,
         affine=cfg.affine,
+        **bounded,
     )
 
 
-def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int) -> torch.Tensor:
-    """``1000 · MSE`` between the hybrid's output and the softmax output on one chunk."""
+def state_mover(model: torch.nn.Module, cfg: LinearizeConfig) -> BoundedPositions | None:
+    """What moves the maps' queries and keys during training (``cfg.state_positions``, the
+    model's own rotary embedding), or ``None``."""
+    if cfg.state_positions is None:
+        return None
+    return BoundedPositions(RotaryEmbedding.from_model(model), exact_distance=cfg.chunk_tokens, state_positions=cfg.state_positions)
+
+
+def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int, mover: BoundedPositions | None = None) -> torch.Tensor:
+    """``1000 · MSE`` between the hybrid's output and the softmax output on one chunk; with
+    ``mover``, the maps read the queries and keys it moves (the window reads them as they are)."""
     device = student.window_factors.device  # activations live on the CPU; the student may not
     q = acts.q.to(device).float()
     groups = student.num_heads // student.num_kv_heads
     k, v = (x.to(device).float().repeat_interleave(groups, dim=1) for x in (acts.k, acts.v))
-    fq, fk = student.feature_map_q(q), student.feature_map_k(k)
+    fq, fk = state_features(student, q, k, mover, torch.arange(q.shape[2], device=device)[None, :])
     gate = torch.sigmoid(student.window_factors.float()).view(-1)
     y = hybrid_attention(q, k, v, fq, fk, gate, window, student.scale, student.mixing, student.affine)
     return 1000.0 * torch.mean((y - acts.y.to(device).float()) ** 2)
@@ -108,7 +139,9 @@ def _students(model: torch.nn.Module, cfg: LinearizeConfig) -> dict[int, LoLAAtt
     students = {}
     for module in attention_modules(model):
         heads, kv_heads, head_dim = attention_geometry(module)
-        layer_cfg = hybrid.model_copy(update={"scale": float(getattr(module, "scaling", head_dim**-0.5))})
+        # (the students run on cached activations: the state's positions are moved in layer_loss)
+        update = {"scale": float(getattr(module, "scaling", head_dim**-0.5)), "positions": "absolute", "state_positions": None}
+        layer_cfg = hybrid.model_copy(update=update)
         students[module.layer_idx] = compose(layer_cfg, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads)
     return students
 
@@ -125,8 +158,8 @@ def _tensors(students: dict[int, LoLAAttention]) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def _eval_mse(students: dict[int, LoLAAttention], acts: list[dict[int, LayerActivations]], window: int) -> dict[int, float]:
-    return {i: sum(layer_loss(s, a[i], window).item() for a in acts) / len(acts) / 1000.0 for i, s in students.items()}
+def _eval_mse(students: dict[int, LoLAAttention], acts: list[dict[int, LayerActivations]], window: int, mover: BoundedPositions | None) -> dict[int, float]:
+    return {i: sum(layer_loss(s, a[i], window, mover).item() for a in acts) / len(acts) / 1000.0 for i, s in students.items()}
 
 
 def check_positions(model: torch.nn.Module, tokens: int, what: str) -> None:
@@ -183,6 +216,7 @@ def linearize(
     for p in model.parameters():
         p.requires_grad_(False)
     geometry = model_geometry(model)
+    mover = state_mover(model, cfg)
 
     train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
     every = token_chunks(encode(tokenizer, train_text), cfg.chunk_tokens)
@@ -218,7 +252,7 @@ def linearize(
     params = [p for s in students.values() for p in s.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step / cfg.steps, 1.0))))
-    mse_before = _eval_mse(students, eval_acts, cfg.window)
+    mse_before = _eval_mse(students, eval_acts, cfg.window, mover)
     # The text's and the teacher's fingerprints, once: a resume on other content or weights is refused.
     trainer = Trainer(params, optimizer, schedule, world, out / CHECKPOINT_FILE, cfg, geometry, run_inputs(cfg, model=model))
     state = trainer.resume()
@@ -234,7 +268,7 @@ def linearize(
         total = torch.zeros((), device=device)
         for i, s in students.items():
             # each layer trains on its own loss, backward layer by layer: one layer's graph alive at a time
-            loss = layer_loss(s, acts[i], cfg.window) / share
+            loss = layer_loss(s, acts[i], cfg.window, mover) / share
             loss.backward()
             total = total + loss.detach()
         return total / len(students)
@@ -249,7 +283,7 @@ def linearize(
         loss_format=".3f",
     )
 
-    mse_after = _eval_mse(students, eval_acts, cfg.window)
+    mse_after = _eval_mse(students, eval_acts, cfg.window, mover)
     report = {
         "model": model_name,
         "geometry": geometry,

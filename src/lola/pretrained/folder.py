@@ -68,6 +68,8 @@ _TENSOR_KEY = re.compile(
 # Fields of LoLAConfig that the trained maps fix; budgets and policies stay the user's choice, and
 # the mixing rule is decided by lola.pretrained.resolve (the trained rule for the hybrid, the paper's for LoLA).
 TRAINED_FIELDS = ("feature_map", "feature_dim", "affine")
+BOUNDED_STATE_FIELDS = ("positions", "state_positions", "state_key_positions")
+"""Trained too when the maps were trained for a bounded state (``lola linearize --state-positions``)."""
 
 
 class ReadDefaults(BaseModel):
@@ -139,8 +141,9 @@ class FeatureMaps:
         return self.read.trained_length or self.read.linear_share_cap_from or None
 
     def merge_into(self, config: LoLAConfig) -> LoLAConfig:
-        """``config`` with the trained fields (feature map, ``f``, affine) filled in and its
-        mixing rule decided by :func:`lola.pretrained.resolve.resolve_mixing`: unset, it is the paper's
+        """``config`` with the trained fields (feature map, ``f``, affine; for maps trained at
+        bounded positions, ``lola linearize --state-positions``, also ``positions``,
+        ``state_positions`` and ``state_key_positions``) filled in and its mixing rule decided by :func:`lola.pretrained.resolve.resolve_mixing`: unset, it is the paper's
         ``lola_authors`` for LoLA (a sparse cache) and the trained rule for the hybrid.
 
         A trained field the caller set explicitly to another value is an error, except
@@ -149,7 +152,9 @@ class FeatureMaps:
         caller left unset (``linear_share_cap=1.0`` turns a shipped cap off).
         """
         update = {}
-        for field in TRAINED_FIELDS:
+        # maps trained at bounded positions (a state_positions) read only at those: trained fields too
+        trained = TRAINED_FIELDS + (BOUNDED_STATE_FIELDS if self.config.state_positions is not None else ())
+        for field in trained:
             ours, theirs = getattr(self.config, field), getattr(config, field)
             if field in config.model_fields_set and theirs != ours:
                 raise ValueError(

@@ -311,3 +311,39 @@ def test_maps_trained_for_a_bounded_state_are_read_at_it(tmp_path):
     # a resume with the state's positions changed is another run
     with pytest.raises(ValueError, match="other options"):
         linearize(model, tok, cfg.model_copy(update={"state_positions": 2}), tmp_path, progress=False, log=lambda s: None)
+
+
+def test_stage1_loss_reads_the_state_as_a_bounded_layer_does(tmp_path, monkeypatch):
+    """``layer_loss`` with the mover equals the MSE of LoLA's own bounded layer (the inference
+    path, tokenwise) on the same activations, and ``linearize`` trains and evaluates with it."""
+    import dataclasses
+
+    import lola.linearize.transfer as transfer
+    from lola.linearize.teacher import collect_activations
+    from lola.linearize.transfer import layer_loss, state_mover
+
+    model, tok = tiny_random()
+    ids = torch.randint(0, 200, (1, 40), generator=torch.Generator().manual_seed(1))
+    acts = collect_activations(model, ids, dtype=torch.float32)[0][0]
+    # (the tiny model's queries and keys are small: larger ones make the maps tell positions apart)
+    acts = dataclasses.replace(acts, q=8 * acts.q, k=8 * acts.k)
+    cfg = CFG.model_copy(update={"state_positions": 3})
+    mover = state_mover(model, cfg)
+    base = dict(window=8, sparse_size=0, sinks=0, schedule="tokenwise", mixing="lolcats")
+    student = lola.compose(lola.LoLAConfig(**base), num_heads=4, head_dim=16, num_kv_heads=2)
+    bounded = lola.compose(
+        lola.LoLAConfig(**base, positions="bounded", exact_distance=64, state_positions=3), num_heads=4, head_dim=16, num_kv_heads=2, rotary=mover.rotary
+    )
+    with torch.no_grad():
+        student.feature_map_q.mlp.layer.add_(0.3 * torch.randn_like(student.feature_map_q.mlp.layer))
+        student.feature_map_k.mlp.layer.add_(0.3 * torch.randn_like(student.feature_map_k.mlp.layer))
+        student.window_factors.normal_()
+        bounded.load_state_dict(student.state_dict())
+        y, _ = bounded(acts.q.transpose(1, 2), acts.k.transpose(1, 2), acts.v.transpose(1, 2))
+        expected = 1000.0 * torch.mean((y.transpose(1, 2).float() - acts.y) ** 2)
+        assert float(layer_loss(student, acts, 8, mover)) == pytest.approx(float(expected), rel=1e-4)
+        assert float(layer_loss(student, acts, 8, None)) != pytest.approx(float(expected), rel=1e-3)  # (the move matters here)
+    movers, real = [], transfer.layer_loss
+    monkeypatch.setattr(transfer, "layer_loss", lambda *args: movers.append(args[3]) or real(*args))
+    linearize(model, tok, cfg.model_copy(update={"steps": 1}), tmp_path, progress=False, log=lambda s: None)
+    assert movers and all(m is not None and m.state_positions == 3 for m in movers)  # held-out evals and the step

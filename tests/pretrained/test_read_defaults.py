@@ -147,3 +147,21 @@ def test_budgets_for_another_geometry_are_refused_naming_the_entry(folder, tmp_p
 
     with pytest.raises(ValueError, match=r"read.budgets"):
         read_defaults(tmp_path / "maps")
+
+
+def test_maps_trained_for_a_bounded_state_beat_the_read_defaults_and_bind_only_rules_that_read_the_state(folder, tmp_path):
+    """A folder of ``lola linearize --state-positions 1``: its positions are trained fields."""
+    copy = _with_read(folder, tmp_path, {"positions": "absolute", "state_key_positions": "spread", "trained_length": 64})
+    meta = json.loads((copy / "lola_config.json").read_text())
+    meta["lola_config"].update(positions="bounded", state_positions=1)
+    (copy / "lola_config.json").write_text(json.dumps(meta))
+    maps = read_feature_maps(copy)
+    trained = ("bounded", 1, "clamped")
+    for config in (lola.LoLAConfig(sparse_size=8), lola.LoLAConfig(sparse_size=0, sinks=0, schedule="tokenwise")):  # the paper's rule, the hybrid's
+        cfg = maps.merge_into(config)
+        assert (cfg.positions, cfg.state_positions, cfg.state_key_positions) == trained, cfg.mixing
+    # a rule that never reads the state keeps the caller's positions (and the config's default)
+    assert maps.merge_into(lola.LoLAConfig(sparse_size=8, mixing="softmax_only", positions="absolute")).positions == "absolute"
+    assert maps.merge_into(lola.LoLAConfig(sparse_size=8, mixing="softmax_only")).positions == "absolute"
+    with pytest.raises(ValueError, match="config.state_key_positions='spread' conflicts with the feature maps"):
+        maps.merge_into(lola.LoLAConfig(sparse_size=8, window=8, chunk=8, positions="bounded", state_key_positions="spread"))

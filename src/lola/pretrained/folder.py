@@ -141,20 +141,41 @@ class FeatureMaps:
         return self.read.trained_length or self.read.linear_share_cap_from or None
 
     def merge_into(self, config: LoLAConfig) -> LoLAConfig:
-        """``config`` with the trained fields (feature map, ``f``, affine; for maps trained at
-        bounded positions, ``lola linearize --state-positions``, also ``positions``,
-        ``state_positions`` and ``state_key_positions``) filled in and its mixing rule decided by :func:`lola.pretrained.resolve.resolve_mixing`: unset, it is the paper's
-        ``lola_authors`` for LoLA (a sparse cache) and the trained rule for the hybrid.
+        """``config`` with the trained fields (feature map, ``f``, affine) filled in and its
+        mixing rule decided by :func:`lola.pretrained.resolve.resolve_mixing`: unset, it is the
+        paper's ``lola_authors`` for LoLA (a sparse cache) and the trained rule for the hybrid.
 
         A trained field the caller set explicitly to another value is an error, except
         ``mixing``, which the caller may change on purpose (e.g. ``softmax_only`` for scoring
-        studies). Under the paper's rule the folder's :class:`ReadDefaults` fill the fields the
-        caller left unset (``linear_share_cap=1.0`` turns a shipped cap off).
+        studies). Maps trained for a state at bounded positions (``lola linearize
+        --state-positions``) are read at them by every rule that reads the state: ``positions``,
+        ``state_positions`` and ``state_key_positions`` are trained fields then. Under the
+        paper's rule the folder's :class:`ReadDefaults` fill the fields the caller left unset
+        and no trained field fills (``linear_share_cap=1.0`` turns a shipped cap off).
         """
+        update = self._trained(config, TRAINED_FIELDS)
+        merged = resolve_mixing(config.model_copy(update=update) if update else config, self.config.mixing)
+        if self.config.state_positions is not None and merged.mixing != "softmax_only":
+            trained = self._trained(config, BOUNDED_STATE_FIELDS)
+            merged, update = merged.model_copy(update=trained), {**update, **trained}
+        if self.read is None or merged.mixing != "lola_authors":
+            return merged
+        given = config.model_fields_set | set(update)  # the caller's and the trained fields: read defaults fill neither
+        read = {
+            f: getattr(self.read, f) for f in ("linear_share_cap", "linear_share_cap_from", "positions") if f not in given and getattr(self.read, f) is not None
+        }
+        if "linear_share_cap" in config.model_fields_set:  # the caller's cap starts where the caller says
+            read.pop("linear_share_cap_from", None)
+        keys = self.read.state_key_positions
+        if keys is not None and "state_key_positions" not in given and read.get("positions", merged.positions) == "bounded":
+            read["state_key_positions"] = keys  # (a placement of bounded positions only: absolute ones keep theirs)
+        return merged.model_copy(update=read) if read else merged
+
+    def _trained(self, config: LoLAConfig, fields: tuple[str, ...]) -> dict:
+        """The maps' values of ``fields`` that ``config`` leaves unset; one it set to another
+        value is refused, naming the field and the folder."""
         update = {}
-        # maps trained at bounded positions (a state_positions) read only at those: trained fields too
-        trained = TRAINED_FIELDS + (BOUNDED_STATE_FIELDS if self.config.state_positions is not None else ())
-        for field in trained:
+        for field in fields:
             ours, theirs = getattr(self.config, field), getattr(config, field)
             if field in config.model_fields_set and theirs != ours:
                 raise ValueError(
@@ -163,20 +184,7 @@ class FeatureMaps:
                 )
             if field not in config.model_fields_set:
                 update[field] = ours
-        merged = resolve_mixing(config.model_copy(update=update) if update else config, self.config.mixing)
-        if self.read is None or merged.mixing != "lola_authors":
-            return merged
-        read = {
-            f: getattr(self.read, f)
-            for f in ("linear_share_cap", "linear_share_cap_from", "positions")
-            if f not in config.model_fields_set and getattr(self.read, f) is not None
-        }
-        if "linear_share_cap" in config.model_fields_set:  # the caller's cap starts where the caller says
-            read.pop("linear_share_cap_from", None)
-        keys = self.read.state_key_positions
-        if keys is not None and "state_key_positions" not in config.model_fields_set and read.get("positions", merged.positions) == "bounded":
-            read["state_key_positions"] = keys  # (a placement of bounded positions only: absolute ones keep theirs)
-        return merged.model_copy(update=read) if read else merged
+        return update
 
 
 def model_geometry(model: torch.nn.Module) -> dict:

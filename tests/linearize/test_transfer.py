@@ -347,3 +347,59 @@ def test_stage1_loss_reads_the_state_as_a_bounded_layer_does(tmp_path, monkeypat
     monkeypatch.setattr(transfer, "layer_loss", lambda *args: movers.append(args[3]) or real(*args))
     linearize(model, tok, cfg.model_copy(update={"steps": 1}), tmp_path, progress=False, log=lambda s: None)
     assert movers and all(m is not None and m.state_positions == 3 for m in movers)  # held-out evals and the step
+
+
+def test_spread_positions_cover_the_context_with_a_chunk_s_distances():
+    from lola.linearize.transfer import spread_positions
+
+    cfg = CFG.model_copy(update={"position_spread": 1000})  # chunks of 96
+    assert spread_positions(CFG, 0) is None
+    highest = []
+    for index in [*range(40), -1, -2]:
+        pos = spread_positions(cfg, index)
+        steps = pos.diff()
+        assert pos.shape == (96,) and pos[0] == 0 and int(pos.max()) <= 999 and bool((steps >= 1).all())
+        assert int((steps > 1).sum()) <= 1  # two runs of consecutive positions, one skip between them
+        assert torch.equal(pos, spread_positions(cfg, index))  # the same chunk, the same positions (resume)
+        highest.append(int(pos.max()))
+    assert max(highest) > 800 and len(set(highest)) > 30
+
+
+def test_position_spread_options_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="position_spread=96 spreads a 96-token chunk"):
+        CFG.model_validate({**CFG.model_dump(), "position_spread": 96})
+    with pytest.raises(ValueError, match="give one of them"):
+        CFG.model_validate({**CFG.model_dump(), "position_spread": 500, "state_positions": 1})
+    model, tok = tiny_random()
+    too_far = model.config.max_position_embeddings + 1
+    with pytest.raises(ValueError, match=f"position_spread \\(--position-spread\\) {too_far} is longer than the model's"):
+        linearize(model, tok, CFG.model_copy(update={"position_spread": too_far}), tmp_path, progress=False, log=lambda s: None)
+
+
+def test_the_teacher_runs_at_the_spread_positions_and_the_folder_is_read_at_them(tmp_path, monkeypatch):
+    """The teacher's queries at PoSE positions are its queries at 0 … T − 1 rotated by the
+    offsets (the model's own rotation, checked with lola's); linearize hands it those positions."""
+    import lola.linearize.transfer as transfer
+    from lola.core.positions import RotaryEmbedding
+    from lola.linearize.teacher import collect_activations
+    from lola.linearize.transfer import spread_positions
+
+    model, tok = tiny_random()
+    cfg = CFG.model_copy(update={"position_spread": 400, "steps": 2})
+    ids = torch.randint(0, 200, (1, 96), generator=torch.Generator().manual_seed(0))
+    pos = spread_positions(cfg, 3)
+    # (layer 0: its inputs do not depend on positions, only its rotation does)
+    at_pose = collect_activations(model, ids, dtype=torch.float32, position_ids=pos[None])[0][0]
+    at_zero = collect_activations(model, ids, dtype=torch.float32)[0][0]
+    moved = RotaryEmbedding.from_model(model).rotate(at_zero.q, (pos - torch.arange(96))[None, None, :])
+    torch.testing.assert_close(at_pose.q, moved, rtol=1e-4, atol=1e-5)
+    assert (at_pose.q - at_zero.q).abs().max() > 1e-3
+    seen, real = [], transfer.collect_activations
+    monkeypatch.setattr(transfer, "collect_activations", lambda m, chunks, **kw: seen.append(kw.get("position_ids")) or real(m, chunks, **kw))
+    linearize(model, tok, cfg, tmp_path, progress=False, log=lambda s: None)
+    assert seen and all(p is not None and int(p.max()) < 400 for p in seen) and any(int(p.max()) >= 96 for p in seen)
+    maps = read_feature_maps(tmp_path)
+    assert (maps.config.positions, maps.config.state_positions) == ("bounded", 400)
+    apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=1), feature_maps=tmp_path)
+    assert all(attn.positions.state_positions == 400 for attn in model._lola.modules.values())
+    remove_lola(model)

@@ -113,7 +113,7 @@ NIAH_FIELDS = (
 )
 
 
-LINEARIZE_STAGE1 = ("steps", "lr", "window", "feature_map", "feature_dim", "mixing", "train_chunks", "state_positions")
+LINEARIZE_STAGE1 = ("steps", "lr", "window", "feature_map", "feature_dim", "mixing", "train_chunks", "state_positions", "position_spread")
 """`lola linearize`'s options of stage 1 alone (:class:`~lola.linearize.LinearizeConfig` fields)."""
 LINEARIZE_STAGE2 = {
     "steps": "stage2_steps",

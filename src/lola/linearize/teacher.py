@@ -64,7 +64,11 @@ def _register() -> None:
 
 @torch.no_grad()
 def collect_activations(
-    model: torch.nn.Module, chunks: torch.Tensor, dtype: torch.dtype = torch.bfloat16, progress: Iterable | None = None
+    model: torch.nn.Module,
+    chunks: torch.Tensor,
+    dtype: torch.dtype = torch.bfloat16,
+    progress: Iterable | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> list[dict[int, LayerActivations]]:
     """Run the frozen ``model`` over each chunk and keep every layer's activations.
 
@@ -73,6 +77,8 @@ def collect_activations(
         chunks: ``[n, T]`` token ids, one sequence per chunk.
         dtype: storage dtype of the activations.
         progress: optional wrapper for the chunk loop (e.g. ``tqdm``).
+        position_ids: ``[n, T]`` the positions each chunk's tokens are rotated at (PoSE), or
+            ``None``: ``0 … T − 1``.
 
     Returns:
         One ``{layer_idx: LayerActivations}`` per chunk.
@@ -81,6 +87,8 @@ def collect_activations(
         raise ValueError("collect_activations needs the stock model: call remove_lola(model) first")
     if chunks.dim() != 2:
         raise ValueError(f"chunks must be [n, T] token ids, got shape {tuple(chunks.shape)}")
+    if position_ids is not None and tuple(position_ids.shape) != tuple(chunks.shape):
+        raise ValueError(f"position_ids must be [n, T] = {tuple(chunks.shape)} like chunks, got shape {tuple(position_ids.shape)}")
     _register()
     previous = model.config._attn_implementation
     model.set_attn_implementation(TEACHER_ATTENTION)
@@ -92,7 +100,8 @@ def collect_activations(
             record = {"dtype": dtype, "layers": {}}
             token = _RECORD.set(record)
             try:
-                model(chunks[i : i + 1].to(device), use_cache=False, logits_to_keep=1)  # no full-vocab logits
+                pos = None if position_ids is None else position_ids[i : i + 1].to(device)
+                model(chunks[i : i + 1].to(device), position_ids=pos, use_cache=False, logits_to_keep=1)  # no full-vocab logits
             finally:
                 _RECORD.reset(token)
             out.append(record["layers"])

@@ -32,7 +32,7 @@ from lola.linearize.teacher import LayerActivations, collect_activations
 from lola.linearize.trainer import Trainer, start
 from lola.pretrained.folder import REPORT_FILE, model_geometry, write_feature_maps
 
-__all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize", "state_mover"]
+__all__ = ["LinearizeConfig", "check_positions", "hybrid_config", "layer_loss", "linearize", "spread_positions", "state_mover"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -62,6 +62,14 @@ class LinearizeConfig(BaseModel):
             "the folder is then read so; unset: at their own positions"
         ),
     )
+    position_spread: Annotated[StrictInt, Field(ge=2)] | None = Field(
+        None,
+        description=(
+            "PoSE: each chunk's positions spread over 0 ... N-1 (cut in two at a random point, the second part after a random skip), "
+            "so that the maps see the model's positions up to N with a chunk's distances; the folder is then read with state_positions N; "
+            "at most the model's context; unset: 0 ... chunk_tokens-1"
+        ),
+    )
     cache_activations: StrictBool = Field(
         True, description="keep each chunk's teacher activations (fast; memory grows with train_chunks) or recompute them every step"
     )
@@ -85,6 +93,13 @@ class LinearizeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _state_positions_move_something(self) -> "LinearizeConfig":
+        if self.state_positions is not None and self.position_spread is not None:
+            raise ValueError("state_positions moves the maps' inputs below a limit and position_spread spreads them over the model's context: give one of them")
+        if self.position_spread is not None and self.position_spread <= self.chunk_tokens:
+            raise ValueError(
+                f"position_spread={self.position_spread} spreads a {self.chunk_tokens}-token chunk over no more positions than it has: "
+                f"give more than chunk_tokens ({self.chunk_tokens}), or leave it unset"
+            )
         if self.state_positions is not None and self.state_positions >= self.chunk_tokens:
             raise ValueError(
                 f"state_positions={self.state_positions} moves no query or key of a {self.chunk_tokens}-token chunk (positions below it stay): "
@@ -97,7 +112,8 @@ def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
     """The LoLA configuration of the trained hybrid: window + linear state, no sparse cache;
     with ``cfg.state_positions``, the bounded positions the maps were trained for (a read of the
     folder takes them: :meth:`lola.pretrained.FeatureMaps.merge_into`)."""
-    bounded = {} if cfg.state_positions is None else {"positions": "bounded", "state_positions": cfg.state_positions}
+    limit = cfg.state_positions or cfg.position_spread
+    bounded = {} if limit is None else {"positions": "bounded", "state_positions": limit}
     return LoLAConfig(
         window=cfg.window,
         sparse_size=0,
@@ -119,6 +135,22 @@ def state_mover(model: torch.nn.Module, cfg: LinearizeConfig) -> BoundedPosition
     return BoundedPositions(RotaryEmbedding.from_model(model), exact_distance=cfg.chunk_tokens, state_positions=cfg.state_positions)
 
 
+def spread_positions(cfg: LinearizeConfig, index: int) -> torch.Tensor | None:
+    """PoSE positions of chunk ``index`` (``-1 − j``: held-out chunk ``j``), ``[T]`` int64, or
+    ``None`` without ``cfg.position_spread``: ``0 … c − 1`` then ``c + u … T − 1 + u``, the cut
+    ``c`` in ``[1, T)`` and the skip ``u`` in ``[0, N − T]`` drawn from ``(cfg.seed, index)``,
+    so a resumed run sees the same positions."""
+    if cfg.position_spread is None:
+        return None
+    t = cfg.chunk_tokens
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index + 10**9)
+    cut = int(torch.randint(1, t, (1,), generator=g))
+    skip = int(torch.randint(0, cfg.position_spread - t + 1, (1,), generator=g))
+    pos = torch.arange(t)
+    pos[cut:] += skip
+    return pos
+
+
 def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int, mover: BoundedPositions | None = None) -> torch.Tensor:
     """``1000 · MSE`` between the hybrid's output and the softmax output on one chunk; with
     ``mover``, the maps read the queries and keys it moves (the window reads them as they are)."""
@@ -130,6 +162,10 @@ def layer_loss(student: LoLAAttention, acts: LayerActivations, window: int, move
     gate = torch.sigmoid(student.window_factors.float()).view(-1)
     y = hybrid_attention(q, k, v, fq, fk, gate, window, student.scale, student.mixing, student.affine)
     return 1000.0 * torch.mean((y - acts.y.to(device).float()) ** 2)
+
+
+def _stacked(rows: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if not rows or rows[0] is None else torch.stack(rows)
 
 
 def _students(model: torch.nn.Module, cfg: LinearizeConfig) -> dict[int, LoLAAttention]:
@@ -217,6 +253,8 @@ def linearize(
         p.requires_grad_(False)
     geometry = model_geometry(model)
     mover = state_mover(model, cfg)
+    if cfg.position_spread is not None:
+        check_positions(model, cfg.position_spread, "position_spread (--position-spread)")
 
     train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
     every = token_chunks(encode(tokenizer, train_text), cfg.chunk_tokens)
@@ -233,7 +271,7 @@ def linearize(
         )
 
     t0 = time.perf_counter()
-    eval_acts = collect_activations(model, heldout)
+    eval_acts = collect_activations(model, heldout, position_ids=_stacked([spread_positions(cfg, -1 - j) for j in range(heldout.shape[0])]))
     cached: dict[int, dict[int, LayerActivations]] = {}
     collect_s = time.perf_counter() - t0
 
@@ -242,7 +280,7 @@ def linearize(
         if i in cached:
             return cached[i]
         t = time.perf_counter()
-        acts = collect_activations(model, train[i : i + 1])[0]
+        acts = collect_activations(model, train[i : i + 1], position_ids=_stacked([spread_positions(cfg, i)]))[0]
         collect_s += time.perf_counter() - t
         if cfg.cache_activations:
             cached[i] = acts

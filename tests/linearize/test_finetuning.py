@@ -61,18 +61,25 @@ def test_distillation_loss_is_kl_plus_cross_entropy():
     assert float(distillation_loss(t, t, ids, 1.0, 0.0)) == pytest.approx(0.0, abs=1e-6)
 
 
+@torch.no_grad()
+def inference_and_training(model: LlamaForCausalLM, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of ``model`` (LoLA applied) on ``ids`` through the inference path, then through
+    the training hybrid, with trained-looking maps and gates (not the identity init)."""
+    for attn in model._lola.modules.values():
+        attn.feature_map_q.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_q.mlp.layer))
+        attn.feature_map_k.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_k.mlp.layer))
+        attn.window_factors.normal_()
+    inference = model(ids).logits
+    register_hybrid_attention()
+    model.set_attn_implementation(HYBRID_ATTENTION)
+    return inference, model(ids).logits
+
+
 def test_training_hybrid_equals_the_inference_path():
     model = sharp_model()
     ids = torch.randint(1, 256, (1, 77))
     apply_lola(model, lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", feature_map="hedgehog_identity", mixing="lolcats"))
-    with torch.no_grad():
-        for attn in model._lola.modules.values():  # trained-looking maps and gates, not the identity init
-            attn.feature_map_q.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_q.mlp.layer))
-            attn.window_factors.normal_()
-        inference = model(ids).logits
-        register_hybrid_attention()
-        model.set_attn_implementation(HYBRID_ATTENTION)
-        training = model(ids).logits
+    inference, training = inference_and_training(model, ids)
     torch.testing.assert_close(training, inference, rtol=1e-4, atol=1e-4)
 
 
@@ -87,15 +94,8 @@ def test_training_hybrid_with_bounded_state_equals_the_inference_path(state_posi
     ids = torch.randint(1, 256, (1, 77))
     config = lola.LoLAConfig(window=8, sparse_size=0, sinks=0, schedule="tokenwise", mixing="lolcats", positions="bounded", state_positions=state_positions)
     apply_lola(model, config)
+    inference, training = inference_and_training(model, ids)
     with torch.no_grad():
-        for attn in model._lola.modules.values():
-            attn.feature_map_q.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_q.mlp.layer))
-            attn.feature_map_k.mlp.layer.add_(0.2 * torch.randn_like(attn.feature_map_k.mlp.layer))
-            attn.window_factors.normal_()
-        inference = model(ids).logits
-        register_hybrid_attention()
-        model.set_attn_implementation(HYBRID_ATTENTION)
-        training = model(ids).logits
         # the moved positions matter: the same maps read at the keys' own positions differ
         absolute = [attn.positions for attn in model._lola.modules.values()]
         for attn in model._lola.modules.values():

@@ -363,6 +363,9 @@ def test_spread_positions_cover_the_context_with_a_chunk_s_distances():
         assert torch.equal(pos, spread_positions(cfg, index))  # the same chunk, the same positions (resume)
         highest.append(int(pos.max()))
     assert max(highest) > 800 and len(set(highest)) > 30
+    tight = CFG.model_copy(update={"position_spread": 97})  # one position more than a chunk: the skip is 0 or 1
+    assert {int(spread_positions(tight, i).max()) for i in range(60)} == {95, 96}
+    assert spread_positions(CFG.model_copy(update={"position_spread": 500, "seed": 2**62}), 0).shape == (96,)  # any seed
 
 
 def test_position_spread_options_are_checked(tmp_path):
@@ -373,7 +376,8 @@ def test_position_spread_options_are_checked(tmp_path):
     model, tok = tiny_random()
     too_far = model.config.max_position_embeddings + 1
     with pytest.raises(ValueError, match=f"position_spread \\(--position-spread\\) {too_far} is longer than the model's"):
-        linearize(model, tok, CFG.model_copy(update={"position_spread": too_far}), tmp_path, progress=False, log=lambda s: None)
+        linearize(model, tok, CFG.model_copy(update={"position_spread": too_far}), tmp_path / "out", progress=False, log=lambda s: None)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
 def test_the_teacher_runs_at_the_spread_positions_and_the_folder_is_read_at_them(tmp_path, monkeypatch):
@@ -394,6 +398,11 @@ def test_the_teacher_runs_at_the_spread_positions_and_the_folder_is_read_at_them
     moved = RotaryEmbedding.from_model(model).rotate(at_zero.q, (pos - torch.arange(96))[None, None, :])
     torch.testing.assert_close(at_pose.q, moved, rtol=1e-4, atol=1e-5)
     assert (at_pose.q - at_zero.q).abs().max() > 1e-3
+    # its target is causal attention over the whole chunk by index, across the skip (not two sequences)
+    q, k, v = at_pose.q, *(x.repeat_interleave(2, dim=1) for x in (at_pose.k, at_pose.v))
+    scores = (q @ k.transpose(-1, -2)) * 16**-0.5
+    causal = torch.ones(96, 96, dtype=torch.bool).tril()
+    torch.testing.assert_close(at_pose.y, torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v, rtol=1e-4, atol=1e-5)
     seen, real = [], transfer.collect_activations
     monkeypatch.setattr(transfer, "collect_activations", lambda m, chunks, **kw: seen.append(kw.get("position_ids")) or real(m, chunks, **kw))
     linearize(model, tok, cfg, tmp_path, progress=False, log=lambda s: None)

@@ -100,8 +100,11 @@ def collect_activations(
             record = {"dtype": dtype, "layers": {}}
             token = _RECORD.set(record)
             try:
-                pos = None if position_ids is None else position_ids[i : i + 1].to(device)
-                model(chunks[i : i + 1].to(device), position_ids=pos, use_cache=False, logits_to_keep=1)  # no full-vocab logits
+                ids = chunks[i : i + 1].to(device)
+                # Given positions with a skip and no mask, transformers reads the skip as the start of
+                # a packed sequence and splits the attention there: a mask of ones keeps it causal by index.
+                pos, mask = (None, None) if position_ids is None else (position_ids[i : i + 1].to(device), torch.ones_like(ids))
+                model(ids, position_ids=pos, attention_mask=mask, use_cache=False, logits_to_keep=1)  # no full-vocab logits
             finally:
                 _RECORD.reset(token)
             out.append(record["layers"])

@@ -143,7 +143,7 @@ def spread_positions(cfg: LinearizeConfig, index: int) -> torch.Tensor | None:
     if cfg.position_spread is None:
         return None
     t = cfg.chunk_tokens
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index + 10**9)
+    g = torch.Generator().manual_seed((cfg.seed * 1_000_003 + index + 10**9) % 2**63)  # (any seed: within the generator's range)
     cut = int(torch.randint(1, t, (1,), generator=g))
     skip = int(torch.randint(0, cfg.position_spread - t + 1, (1,), generator=g))
     pos = torch.arange(t)
@@ -246,6 +246,8 @@ def linearize(
     """
     out = Path(out)
     check_positions(model, cfg.chunk_tokens, "chunk_tokens (--chunk-tokens)")
+    if cfg.position_spread is not None:
+        check_positions(model, cfg.position_spread, "position_spread (--position-spread)")
     device, world = start(cfg.device, cfg.batch, out, cfg.seed)
     model.to(device)
     model.eval()
@@ -253,8 +255,6 @@ def linearize(
         p.requires_grad_(False)
     geometry = model_geometry(model)
     mover = state_mover(model, cfg)
-    if cfg.position_spread is not None:
-        check_positions(model, cfg.position_spread, "position_spread (--position-spread)")
 
     train_text, heldout_text = load_split(cfg.text, cfg.heldout_fraction)
     every = token_chunks(encode(tokenizer, train_text), cfg.chunk_tokens)

@@ -1,5 +1,7 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lola.memory import KVBlock, SparseCache
 
@@ -13,6 +15,22 @@ def test_select_keeps_top_scores_and_returns_the_rest():
     evicted = cache.select(cands, torch.tensor([[[0.1, 0.9, 0.5, 9.0]]]), torch.tensor([True]))
     assert sorted(cache.block.pos[0, 0].tolist()) == [6, 7]  # the empty slot's high score is ignored
     assert [int(p) for p in evicted.pos[0, 0] if p >= 0] == [5]
+
+
+@settings(max_examples=40)
+@given(perm_seed=st.integers(0, 2**16), capacity=st.integers(1, 4), per_head=st.booleans())
+def test_equal_scores_keep_the_older_tokens_wherever_their_slots_sit(perm_seed, capacity, per_head):
+    """Tied scores (span pooling gives a span's tokens one score) are ranked by position, not by
+    slot order: a row alone and the same row in a padded batch lay their slots out differently."""
+    pos = torch.tensor([9, 4, 7, 2, 8, -1, 5])
+    scores = torch.tensor([1.0, 1.0, 3.0, 1.0, 1.0, 9.0, 0.5])  # the empty slot's 9 never counts
+    perm = torch.randperm(7, generator=torch.Generator().manual_seed(perm_seed))
+    cache = SparseCache([capacity] if per_head else capacity)
+    cache.allocate(1, 1, 1, torch.float32, torch.device("cpu"), False)
+    k = pos[perm].float().view(1, 1, 7, 1)
+    cache.select(KVBlock(k, k, pos[perm].view(1, 1, 7)), scores[perm].view(1, 1, 7), torch.tensor([True]))
+    # by score, then older first: 7 (3.0), then the tied 2, 4, 8, 9
+    assert sorted(p for p in cache.block.pos.flatten().tolist() if p >= 0) == sorted([7, 2, 4, 8, 9][:capacity])
 
 
 def test_rows_not_at_a_step_are_unchanged():

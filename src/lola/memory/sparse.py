@@ -113,8 +113,10 @@ class SparseCache(ExactStore):
         Args:
             candidates: ``[B, Hs, M, ·]`` slots: the tokens leaving the window *and* the current
                 cache contents (so cached tokens are re-scored every step).
-            scores: ``[B, Hs, M]`` higher = keep exact. Empty slots are never kept over a token,
-                whatever the tokens' scores (``-inf`` included).
+            scores: ``[B, Hs, M]`` higher = keep exact; equal scores keep the older token (a
+                rule of positions, so a row's choice does not depend on where its slots sit in
+                a batch). Empty slots are never kept over a token, whatever the tokens' scores
+                (``-inf`` included).
             rows: ``[B]`` bool, rows at a step; other rows keep their cache unchanged.
 
         Returns:
@@ -130,7 +132,7 @@ class SparseCache(ExactStore):
         if self.capacity > 0:
             if self.head_sizes and len(self.head_sizes) != scores.shape[1]:
                 raise ValueError(f"sparse cache has {len(self.head_sizes)} per-head sizes for {scores.shape[1]} storage heads")
-            top = scores.topk(self.capacity, dim=-1, sorted=bool(self.head_sizes)).indices  # [B, Hs, λ]
+            top = _top_by_score_then_age(scores, candidates.pos, self.capacity)  # [B, Hs, λ], best first
             picked = valid.gather(-1, top)
             if self.head_sizes:  # head h keeps only its best head_sizes[h]
                 rank = torch.arange(self.capacity, device=top.device)
@@ -145,3 +147,13 @@ class SparseCache(ExactStore):
                 None if block.acc is None else torch.where(row, chosen.acc, block.acc),
             )
         return candidates.masked(valid & ~keep)
+
+
+def _top_by_score_then_age(scores: torch.Tensor, pos: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices of the ``count`` best slots of ``scores [B, Hs, M]``, best first: by score, ties
+    by position (older first). ``topk`` breaks ties by where slots sit, which differs between a
+    row alone and the same row in a left-padded batch (tied scores are common: span pooling
+    gives a span's tokens one score)."""
+    by_age = torch.sort(pos, dim=-1, stable=True).indices
+    ranked = torch.sort(scores.gather(-1, by_age), dim=-1, descending=True, stable=True).indices[..., :count]
+    return by_age.gather(-1, ranked)

@@ -42,7 +42,7 @@ SHIPPED: dict[str, ShippedMaps] = {
         files={
             "feature_maps.safetensors": "adbe355514ede48efe7f4f29785ec6071b07995658a37a42b555c12939b6a98d",
             "lora.safetensors": "e883747fd9f4e9df2732de47553d5bf8804a6c71166145fcdee97e9eb8146afe",
-            "lola_config.json": "4f79631d9488ad395b84cecd648c694fbc09cf9a2a3e8ae6afa05a442c195d91",
+            "lola_config.json": "5b07a86ce7aa3f047b42f6a843cf4ae1d6e7786e3e7c4aa37f3fa02520966458",
             "report.json": "9126db6bbfd0c46557a52cf3e3b089b72af6dabba0a4c40e37bc6c90f3491a09",
             "finetune_report.json": "00359637689d2f40af46b94042ffaf8c15975d88c74a84b2522d09f17fdde1d4",
         },

@@ -149,7 +149,7 @@ LinearDecayOption = Annotated[
 ]
 LinearShareCapOption = Annotated[
     Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)] | None,
-    Field(description="the lola method's cap on the linear state's share of each output (none: no cap)"),
+    Field(description="the lola method's cap on the linear state's share of each output (none: the feature maps' read default, else no cap; 1: no cap)"),
 ]
 LinearShareCapFromOption = Annotated[
     Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] | None,
@@ -176,7 +176,7 @@ StateKeyPositionsOption = Annotated[
     Literal["clamped", "spread"] | None,
     Field(
         description="with bounded positions, where a folded key past the feature maps' trained positions enters them: clamped (at the "
-        "last trained position, as the queries past it) or spread (its distances from the query spread over the trained range); none: clamped"
+        "last trained position, as the queries past it) or spread (its distances from the query spread over the trained range); none: the feature maps' read default, else clamped"
     ),
 ]
 PrefillChunkOption = Annotated[

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -79,10 +80,13 @@ def run_blocks(blocks: list[tuple[int, str]], name: str, where: str) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
-def test_page_examples_run(page: Path) -> None:
+def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = python_blocks(page.read_text(encoding="utf-8"))
     if not blocks:
         pytest.skip(f"{page.name} has no python blocks")
+    # The examples make their folders with tempfile, as a reader would: inside tmp_path, so
+    # that the test suite leaves nothing behind.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     run_blocks(blocks, f"lola_docs_{page.stem}", str(page.relative_to(DOCS)))
 
 

@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--positions", choices=("absolute", "bounded"), help="the config's positions (default: the maps' read default)")
+    parser.add_argument("--state-positions", type=int, help="with bounded positions: the limit of the state's positions (default: the maps' own)")
     parser.add_argument("--state-key-positions", choices=("clamped", "spread"), help="with bounded positions: where the state's keys enter the maps")
     parser.add_argument("--linear-share-cap", type=float, help="the config's cap (1: none; default: the maps' read default)")
     args = parser.parse_args()
@@ -37,7 +38,12 @@ def main() -> None:
     from lola.pretrained.folder import read_feature_maps
 
     model, tok = models.load(args.model)
-    options = {"positions": args.positions, "state_key_positions": args.state_key_positions, "linear_share_cap": args.linear_share_cap}
+    options = {
+        "positions": args.positions,
+        "state_positions": args.state_positions,
+        "state_key_positions": args.state_key_positions,
+        "linear_share_cap": args.linear_share_cap,
+    }
     run = NiahRun(
         model=args.model, feature_maps=args.feature_maps, methods=["lola"], policies=[args.policy], **{k: v for k, v in options.items() if v is not None}
     )

@@ -295,6 +295,7 @@ def test_maps_trained_for_a_bounded_state_are_read_at_it(tmp_path):
     assert report["mse_heldout_mean"]["after"] < report["mse_heldout_mean"]["before"]
     maps = read_feature_maps(tmp_path)
     assert (maps.config.positions, maps.config.state_positions) == ("bounded", 1)
+    assert maps.config.state_key_positions == "clamped"  # keys past the limit sat at it during training
     apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=1), feature_maps=tmp_path)
     assert all(attn.positions.state_positions == 1 for attn in model._lola.modules.values())
     ids = tok("The quick brown fox jumps over the lazy dog. " * 4, return_tensors="pt")["input_ids"]
@@ -409,6 +410,7 @@ def test_the_teacher_runs_at_the_spread_positions_and_the_folder_is_read_at_them
     assert seen and all(p is not None and int(p.max()) < 400 for p in seen) and any(int(p.max()) >= 96 for p in seen)
     maps = read_feature_maps(tmp_path)
     assert (maps.config.positions, maps.config.state_positions) == ("bounded", 400)
+    assert maps.config.state_key_positions == "spread"  # past 400 keys stay at distances PoSE trained
     apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=1), feature_maps=tmp_path)
     assert all(attn.positions.state_positions == 400 for attn in model._lola.modules.values())
     remove_lola(model)

@@ -110,10 +110,15 @@ class LinearizeConfig(BaseModel):
 
 def hybrid_config(cfg: LinearizeConfig) -> LoLAConfig:
     """The LoLA configuration of the trained hybrid: window + linear state, no sparse cache;
-    with ``cfg.state_positions``, the bounded positions the maps were trained for (a read of the
-    folder takes them: :meth:`lola.pretrained.FeatureMaps.merge_into`)."""
+    with ``cfg.state_positions`` or ``cfg.position_spread``, the bounded positions the maps were
+    trained for (a read of the folder takes them: :meth:`lola.pretrained.FeatureMaps.merge_into`;
+    PoSE's keys past the limit spread over the distances it trained)."""
     limit = cfg.state_positions or cfg.position_spread
     bounded = {} if limit is None else {"positions": "bounded", "state_positions": limit}
+    if cfg.position_spread is not None:
+        # PoSE showed the maps every key at its own distance below the limit: past it a read
+        # keeps keys at such distances (clamped, all would sit at distance 0 from the query)
+        bounded["state_key_positions"] = "spread"
     return LoLAConfig(
         window=cfg.window,
         sparse_size=0,

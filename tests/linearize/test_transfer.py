@@ -413,4 +413,5 @@ def test_the_teacher_runs_at_the_spread_positions_and_the_folder_is_read_at_them
     assert maps.config.state_key_positions == "spread"  # past 400 keys stay at distances PoSE trained
     apply_lola(model, lola.LoLAConfig(window=8, sparse_size=4, sinks=1), feature_maps=tmp_path)
     assert all(attn.positions.state_positions == 400 for attn in model._lola.modules.values())
+    assert all(attn.positions.key_spread is not None for attn in model._lola.modules.values())  # the read spreads them
     remove_lola(model)

@@ -21,6 +21,42 @@ def test_window_nll_matches_the_model_loss():
     assert nll / n == pytest.approx(float(loss), rel=1e-5)
 
 
+@pytest.mark.parametrize("logits_chunk", [1, 7, 99, 4096])
+def test_window_nll_in_logit_chunks_is_the_model_loss(logits_chunk):
+    # Chunks that do not divide the 99 predicted positions, one position each, and one chunk.
+    model, tok = tiny_random()
+    ids = encode(tok, "The quick brown fox jumps over the lazy dog. " * 3)[None, :100]
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss
+    nll, n = window_nll(model, ids, logits_chunk=logits_chunk)
+    assert n == 99 and nll / n == pytest.approx(float(loss), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model_type, transform", [("gemma2", {"final_logit_softcapping": 0.1}), ("cohere", {"logit_scale": 0.5}), ("granite", {"logits_scaling": 4.0})]
+)
+def test_window_nll_keeps_a_models_own_logit_transform(model_type, transform):
+    # Logits changed after the projection (soft-capped, scaled) are the model's own forward's:
+    # the projection alone would give another loss.
+    from tests.hostile.common import tiny_model
+
+    model = tiny_model(model_type, **transform)
+    ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        loss = float(model(ids, labels=ids).loss)
+        projected = model.get_output_embeddings()(model.get_decoder()(ids).last_hidden_state[0, :-1])
+        plain = float(torch.nn.functional.cross_entropy(projected, ids[0, 1:]))
+    assert plain != pytest.approx(loss, rel=1e-3)  # the transform matters for this model
+    nll, n = window_nll(model, ids, logits_chunk=8)
+    assert nll / n == pytest.approx(loss, rel=1e-5)
+
+
+def test_window_nll_refuses_a_chunk_of_no_positions():
+    model, _ = tiny_random()
+    with pytest.raises(ValueError, match="logits_chunk must be a positive number of positions, got 0"):
+        window_nll(model, torch.zeros(1, 4, dtype=torch.long), logits_chunk=0)
+
+
 def test_a_window_covering_the_context_is_full_attention():
     model, tok = tiny_random()
     run = PerplexityRun(

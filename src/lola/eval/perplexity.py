@@ -162,13 +162,50 @@ def _check_methods(model: Any, configs: dict[str, LoLAConfig | None], maps: Any)
             remove_lola(model)
 
 
+# Config fields with which a causal LM changes its logits after the output projection
+# (Gemma 2's soft-capping, Cohere's scale, Granite's divisor): such a model's logits come from
+# its own forward, never from the projection alone.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _plain_output_head(model: Any) -> tuple[Any, Any] | None:
+    """``(decoder, head)`` when ``model``'s logits are ``head(decoder(...).last_hidden_state)``
+    and nothing else, ``None`` otherwise."""
+    config = getattr(model, "config", None)
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return None
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    decoder, head = get_decoder(), get_head()
+    return (decoder, head) if decoder is not None and isinstance(head, torch.nn.Linear) else None
+
+
 @torch.no_grad()
-def window_nll(model: Any, ids: torch.Tensor, cache: Any = None) -> tuple[float, int]:
-    """Summed next-token NLL over one window ``ids [1, L]`` and the number of predicted tokens."""
-    out = model(ids, cache=cache, use_cache=cache is not None)
-    logits = out.logits[0, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
-    return float(nll), ids.shape[1] - 1
+def window_nll(model: Any, ids: torch.Tensor, cache: Any = None, logits_chunk: int = 4096) -> tuple[float, int]:
+    """Summed next-token NLL over one window ``ids [1, L]`` and the number of predicted tokens.
+
+    The logits are made ``logits_chunk`` positions at a time from the decoder's last hidden
+    states ``[1, L, d]``: a whole window's ``[L, V]`` logits grow with the window (about 13 GB in
+    float32 at 65,536 tokens for a 49,152-token vocabulary) where the hidden states are ``V / d``
+    times smaller. Models that transform their logits after the projection go through their own
+    forward, whole.
+    """
+    if logits_chunk < 1:
+        raise ValueError(f"logits_chunk must be a positive number of positions, got {logits_chunk}")
+    targets = ids[0, 1:]
+    parts = _plain_output_head(model)
+    if parts is None:
+        logits = model(ids, cache=cache, use_cache=cache is not None).logits[0, :-1].float()
+        return float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum")), ids.shape[1] - 1
+    decoder, head = parts
+    hidden = decoder(ids, cache=cache, use_cache=cache is not None).last_hidden_state[0, :-1]
+    nll = 0.0
+    for start in range(0, hidden.shape[0], logits_chunk):
+        logits = head(hidden[start : start + logits_chunk]).float()
+        nll += float(torch.nn.functional.cross_entropy(logits, targets[start : start + logits_chunk], reduction="sum"))
+    return nll, ids.shape[1] - 1
 
 
 def run_perplexity(run: PerplexityRun, model: Any, tokenizer: Any, progress: bool = True) -> dict[str, dict[int, dict[str, float]]]:

@@ -11,6 +11,10 @@ venv="${LOLA_VLLM_VENV:-$repo/.venv-vllm}"
 lola_python="${LOLA_PYTHON:-python}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# vLLM leaves files in the temporary directory (its distributed init file, one per engine):
+# they go into $work, removed at exit.
+export TMPDIR="$work/tmp"
+mkdir "$TMPDIR"
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "== creating $venv (vLLM CPU build; a few minutes)"
